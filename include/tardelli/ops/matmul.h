@@ -1,0 +1,16 @@
+#pragma once
+// Matrix products through oneDNN on the CPU (fp32; bf16 and f16 inputs with fp32 accumulation,
+// bf16 on AMX where the CPU has it). Any strides: transposed views are passed as strides, not
+// copied.
+#include "tardelli/core/tensor.h"
+
+namespace td {
+
+// torch.matmul semantics: 1-D x 1-D dot, 2-D x 2-D mm, and batched with broadcast batch dims.
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b);    // [M,K] x [K,N]
+Tensor bmm(const Tensor& a, const Tensor& b);   // [B,M,K] x [B,K,N]
+// y = x W^T + b for x [..., in], W [out, in], b [out] (optional): one fused GEMM with bias.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+}  // namespace td

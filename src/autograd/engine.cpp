@@ -1,0 +1,155 @@
+#include "tardelli/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tardelli/autograd/grad_mode.h"
+#include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
+
+namespace td::autograd {
+namespace {
+
+// Note [Engine]: a node becomes ready when every edge into it has delivered (its dependency
+// count reaches zero). Among ready nodes the most recently created runs first, which keeps
+// memory low on a sequential model (each layer's activations are freed right after its backward).
+struct ByNewest {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+};
+
+struct Capture {
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> at;  // node -> (input, slot)
+  TensorList grads;
+};
+
+void accumulate(Tensor& slot, Tensor g) {
+  if (!slot.defined()) {
+    slot = std::move(g);
+  } else {
+    slot = add(slot, g);
+  }
+}
+
+void run(const TensorList& roots, const TensorList& grad_roots, bool retain_graph,
+         bool create_graph, Capture* capture) {
+  TD_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), "backward: got ",
+           grad_roots.size(), " gradients for ", roots.size(), " tensors");
+  GradModeGuard mode(create_graph);
+
+  std::unordered_map<Node*, TensorList> buffers;
+  std::unordered_map<Node*, int> deps;
+  std::vector<std::shared_ptr<Node>> keep_alive;
+
+  std::vector<Edge> root_edges;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    TD_CHECK(r.defined(), "backward: root ", i, " is undefined");
+    Edge e = gradient_edge(r);
+    TD_CHECK(e.valid(), "backward: element ", i, " of the tensors (", describe(r),
+             ") does not require grad and has no grad_fn");
+    Tensor g = grad_roots.empty() ? Tensor() : grad_roots[i];
+    if (!g.defined()) {
+      TD_CHECK(r.numel() == 1, "backward: grad can be implicitly created only for one-element "
+               "outputs; got ", describe(r), " (pass a gradient)");
+      g = ones_like(r);
+    } else {
+      TD_CHECK(g.sizes() == r.sizes(), "backward: gradient shape ", shape_str(g.sizes()),
+               " does not match the tensor's shape ", shape_str(r.sizes()));
+    }
+    auto& buf = buffers[e.fn.get()];
+    buf.resize(e.fn->num_inputs());
+    accumulate(buf[e.input_nr], g);
+    root_edges.push_back(e);
+  }
+
+  // Dependency counts over the reachable graph.
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const auto& e : root_edges) {
+    if (seen.insert(e.fn.get()).second) {
+      stack.push_back(e.fn.get());
+      keep_alive.push_back(e.fn);
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      deps[e.fn.get()]++;
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, ByNewest> ready;
+  for (const auto& e : root_edges) {
+    if (deps[e.fn.get()] == 0) {
+      deps[e.fn.get()] = -1;  // queued
+      ready.push(e.fn.get());
+    }
+  }
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    TensorList grads = std::move(buffers[n]);
+    buffers.erase(n);
+    grads.resize(n->num_inputs());
+    n->run_pre_hooks(grads);
+    bool skip = false;
+    if (capture) {
+      auto it = capture->at.find(n);
+      if (it != capture->at.end()) {
+        for (auto [input_nr, slot] : it->second) capture->grads[slot] = grads[input_nr];
+      }
+      skip = dynamic_cast<AccumulateGrad*>(n) != nullptr;  // grad() never touches .grad
+    }
+    TensorList out;
+    if (!skip) {
+      out = n->apply(std::move(grads));
+      if (!retain_graph) n->release_variables();
+    }
+    const auto& edges = n->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.valid()) continue;
+      if (i < out.size() && out[i].defined()) {
+        auto& buf = buffers[e.fn.get()];
+        buf.resize(e.fn->num_inputs());
+        accumulate(buf[e.input_nr], std::move(out[i]));
+      }
+      if (--deps[e.fn.get()] == 0) {
+        deps[e.fn.get()] = -1;
+        ready.push(e.fn.get());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph,
+              bool create_graph) {
+  run(roots, grad_roots, retain_graph || create_graph, create_graph, nullptr);
+}
+
+TensorList grad(const TensorList& roots, const TensorList& inputs, const TensorList& grad_roots,
+                bool retain_graph, bool create_graph, bool allow_unused) {
+  Capture cap;
+  cap.grads.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Edge e = gradient_edge(inputs[i]);
+    TD_CHECK(e.valid(), "autograd.grad: input ", i, " (", describe(inputs[i]),
+             ") does not require grad");
+    cap.at[e.fn.get()].emplace_back(e.input_nr, i);
+  }
+  run(roots, grad_roots, retain_graph || create_graph, create_graph, &cap);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TD_CHECK(allow_unused || cap.grads[i].defined(), "autograd.grad: input ", i,
+             " was not used in the graph (pass allow_unused=true)");
+  }
+  return cap.grads;
+}
+
+}  // namespace td::autograd

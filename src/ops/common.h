@@ -1,0 +1,31 @@
+#pragma once
+// Argument checks shared by the op front-ends (internal header). Every message names the op.
+#include "tardelli/core/tensor.h"
+
+namespace td::ops {
+
+inline void check_defined(const Tensor& t, const char* op, const char* arg) {
+  TD_CHECK(t.defined(), op, ": argument '", arg, "' is an undefined tensor");
+}
+
+// The CPU backend runs every op; CUDA tensors need the CUDA backend (TD_WITH_CUDA).
+inline void check_cpu(const Tensor& t, const char* op) {
+  TD_CHECK(t.is_cpu(), op, ": tensor on ", t.device().str(),
+           " but this op has only a CPU implementation in this build");
+}
+
+inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  TD_CHECK(a.device() == b.device(), op, ": expected all tensors on the same device, got ",
+           a.device().str(), " and ", b.device().str());
+}
+
+inline void check_floating(const Tensor& t, const char* op) {
+  TD_CHECK(t.is_floating_point(), op, ": expected a floating point tensor, got ", describe(t));
+}
+
+inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  TD_CHECK(a.dtype() == b.dtype(), op, ": expected tensors of the same dtype, got ", describe(a),
+           " and ", describe(b));
+}
+
+}  // namespace td::ops

@@ -1,0 +1,49 @@
+#include <gtest/gtest.h>
+
+#include "tardelli/tardelli.h"
+
+using namespace td;
+
+// Views share storage and compose strides without copying.
+TEST(Tensor, ViewsShareStorage) {
+  Tensor a = arange(0, 24, 1, {DType::Float32}).view({2, 3, 4});
+  Tensor t = a.transpose(0, 2);
+  EXPECT_EQ(t.sizes(), (Shape{4, 3, 2}));
+  EXPECT_TRUE(t.shares_storage(a));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_FLOAT_EQ(t.select(0, 3).select(0, 2).select(0, 1).item<float>(), 23.0f);
+  Tensor c = t.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_FALSE(c.shares_storage(a));
+  EXPECT_EQ(to_vector<float>(c), to_vector<float>(t));
+}
+
+TEST(Tensor, BadViewIsAnError) {
+  Tensor a = zeros({4, 6});
+  EXPECT_THROW(a.view({5, 5}), Error);
+  EXPECT_THROW(a.transpose(0, 1).view({24}), Error);
+  EXPECT_NO_THROW(a.transpose(0, 1).reshape({24}));
+}
+
+// The CPU allocator aligns to 64 bytes and tracks current and peak bytes.
+TEST(Allocator, AlignmentAndStats) {
+  reset_peak_memory_stats();
+  int64_t before = memory_stats().current_bytes;
+  {
+    Tensor t = empty({1000});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u);
+    EXPECT_GE(memory_stats().current_bytes - before, 4000);
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before);
+  EXPECT_GE(memory_stats().peak_bytes - before, 4000);
+}
+
+// Autograd: y = sum(a * b + a) -> dy/da = b + 1, dy/db = a.
+TEST(Autograd, SimpleGraph) {
+  Tensor a = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor b = from_vector<float>({4, 5, 6}, {3}).set_requires_grad(true);
+  Tensor y = sum(add(mul(a, b), a));
+  y.backward();
+  EXPECT_EQ(to_vector<float>(a.grad()), (std::vector<float>{5, 6, 7}));
+  EXPECT_EQ(to_vector<float>(b.grad()), (std::vector<float>{1, 2, 3}));
+}
