@@ -1,0 +1,60 @@
+# The CUDA backend (TD_WITH_CUDA=ON): every kernels/**/*.cu is compiled by nvcc into the one
+# libtardelli, which then links the CUDA runtime, cuBLAS/cuBLASLt, cuDNN and NCCL.
+#
+# Note [CUDA architectures]: sm_80 (A100) and sm_90 (H100/H200) by default, SASS for both (no
+# PTX JIT at first launch; the PTX rides along for newer GPUs). Override with
+# -DCMAKE_CUDA_ARCHITECTURES=... . It must be set before enable_language(CUDA), which otherwise
+# picks the compiler's own default.
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+  set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures to build for" FORCE)
+endif()
+# nvcc is often not on PATH; the toolkit's usual home is a good guess.
+if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+
+# Note [CUDA C++20]: CMake before 3.26 knows no C++20 flag for nvcc, so CUDA_STANDARD 20 (which
+# CUDA sources also inherit from CXX_STANDARD) fails at generate time although nvcc >= 12
+# accepts -std=c++20. Tell such a CMake the flag.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+set(CMAKE_CUDA_EXTENSIONS OFF)
+
+file(GLOB_RECURSE TD_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
+target_sources(tardelli PRIVATE ${TD_CUDA_SOURCES})
+target_include_directories(tardelli PRIVATE ${PROJECT_SOURCE_DIR}/kernels)
+target_compile_definitions(tardelli PRIVATE TD_WITH_CUDA=1)
+target_compile_options(tardelli PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall,-Wextra>
+  $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${TD_WERROR}>>:-Werror=all-warnings -Xcompiler=-Werror>)
+
+# cuDNN and NCCL ship no CMake package: look for the libraries next to the toolkit's.
+find_library(TD_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ENV CUDNN_ROOT
+  PATH_SUFFIXES lib lib64)
+find_path(TD_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDNN_ROOT
+  PATH_SUFFIXES include)
+# Note [NCCL always]: linked in every CUDA build, not only with MPI: a single process group
+# over the GPUs of one node needs NCCL but no MPI (the unique id can travel another way).
+find_library(TD_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ENV NCCL_ROOT
+  PATH_SUFFIXES lib lib64)
+find_path(TD_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_ROOT
+  PATH_SUFFIXES include)
+foreach(var TD_CUDNN_LIBRARY TD_CUDNN_INCLUDE_DIR TD_NCCL_LIBRARY TD_NCCL_INCLUDE_DIR)
+  if(NOT ${var})
+    message(FATAL_ERROR "TD_WITH_CUDA: ${var} not found (looked next to the CUDA toolkit in "
+      "${CUDAToolkit_LIBRARY_DIR}; set CUDNN_ROOT / NCCL_ROOT or -D${var}=...)")
+  endif()
+endforeach()
+target_include_directories(tardelli PRIVATE ${TD_CUDNN_INCLUDE_DIR} ${TD_NCCL_INCLUDE_DIR})
+target_link_libraries(tardelli PRIVATE
+  CUDA::cudart CUDA::cublasLt CUDA::cublas ${TD_CUDNN_LIBRARY} ${TD_NCCL_LIBRARY})
+
+message(STATUS "Tardelli CUDA backend: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+  "architectures ${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${TD_CUDNN_LIBRARY}, NCCL ${TD_NCCL_LIBRARY}")

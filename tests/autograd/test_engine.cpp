@@ -1,0 +1,127 @@
+#include <gtest/gtest.h>
+
+#include "tardelli/tardelli.h"
+
+using namespace td;
+
+namespace {
+std::vector<float> v(const Tensor& t) { return to_vector<float>(t); }
+}  // namespace
+
+// A value used twice gets the sum of both paths' gradients (diamond graph): y = (x*2) * (x+1)
+// -> dy/dx = 2(x+1) + 2x = 4x + 2.
+TEST(Engine, DiamondSumsPaths) {
+  Tensor x = from_vector<float>({1, -2, 3}, {3}).set_requires_grad(true);
+  Tensor y = sum(mul(mul(x, 2.0), add(x, 1.0)));
+  y.backward();
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{6, -6, 14}));
+}
+
+// .grad accumulates across backward calls; retain_graph allows running the same graph again.
+TEST(Engine, AccumulationAndRetainGraph) {
+  Tensor x = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  Tensor y = sum(mul(x, x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{2, 4}));
+  y.backward();
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{4, 8}));
+  // The graph was freed by the second call: a third is a clear error.
+  EXPECT_THROW(y.backward(), Error);
+}
+
+TEST(Engine, NoGradRecordsNothing) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  Tensor y;
+  {
+    autograd::NoGradGuard g;
+    y = mul(x, 3.0);
+  }
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(y.grad_fn(), nullptr);
+  EXPECT_THROW(sum(y).backward(), Error);
+  Tensor z = mul(x, 3.0);
+  EXPECT_TRUE(z.requires_grad());
+  EXPECT_FALSE(z.is_leaf());
+  EXPECT_EQ(z.grad_fn()->name(), "MulBackward");
+}
+
+TEST(Engine, DetachCutsHistory) {
+  Tensor x = ones({3}).set_requires_grad(true);
+  Tensor d = mul(x, 2.0).detach();
+  EXPECT_FALSE(d.requires_grad());
+  Tensor y = sum(mul(x, d));  // d treated as a constant 2
+  y.backward();
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{2, 2, 2}));
+}
+
+// Hooks see the incoming gradient and may replace it; on non-leaves they act before the
+// gradient flows further; post-accumulate hooks run after .grad is updated.
+TEST(Engine, Hooks) {
+  Tensor x = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  Tensor h = mul(x, 3.0);
+  std::vector<float> seen;
+  h.register_hook([&](const Tensor& g) -> std::optional<Tensor> {
+    seen = v(g);
+    return mul(g, 10.0);
+  });
+  int post_calls = 0;
+  std::vector<float> grad_at_post;
+  x.register_post_accumulate_grad_hook([&](const Tensor& leaf) {
+    ++post_calls;
+    grad_at_post = v(leaf.grad());
+  });
+  x.register_hook([](const Tensor& g) -> std::optional<Tensor> { return add(g, 1.0); });
+  sum(h).backward();
+  EXPECT_EQ(seen, (std::vector<float>{1, 1}));
+  // d/dx = 3 * (hook: *10) = 30, then the leaf hook adds 1.
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{31, 31}));
+  EXPECT_EQ(post_calls, 1);
+  EXPECT_EQ(grad_at_post, (std::vector<float>{31, 31}));
+}
+
+TEST(Engine, RetainGradOnNonLeaf) {
+  Tensor x = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  Tensor h = mul(x, x);
+  h.retain_grad();
+  sum(mul(h, 2.0)).backward();
+  EXPECT_EQ(v(h.grad()), (std::vector<float>{2, 2}));
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{4, 8}));
+}
+
+// autograd::grad returns gradients without touching .grad, and create_graph gives
+// differentiable gradients: d/dx (d/dx x^3) = 6x.
+TEST(Engine, GradAndSecondOrder) {
+  Tensor x = from_vector<float>({2}, {1}).set_requires_grad(true);
+  Tensor y = sum(pow(x, 3.0));
+  TensorList g = autograd::grad({y}, {x}, {}, /*retain_graph=*/false, /*create_graph=*/true);
+  EXPECT_FLOAT_EQ(g[0].item<float>(), 12.0f);
+  EXPECT_FALSE(x.grad().defined());
+  sum(g[0]).backward();
+  EXPECT_FLOAT_EQ(x.grad().item<float>(), 12.0f);
+}
+
+TEST(Engine, Errors) {
+  Tensor x = ones({2, 2}).set_requires_grad(true);
+  EXPECT_THROW(mul(x, 2.0).backward(), Error);  // non-scalar needs a gradient
+  EXPECT_THROW(mul(x, 2.0).backward(ones({3})), Error);
+  EXPECT_THROW(ones({2}, {DType::Int64}).set_requires_grad(true), Error);
+  Tensor w = ones({2}).set_requires_grad(true);
+  EXPECT_THROW(add_(w, ones({2})), Error);  // in-place on a grad-requiring leaf
+  autograd::NoGradGuard g;
+  EXPECT_NO_THROW(add_(w, ones({2})));
+}
+
+// A long chain frees each node's saved tensors as soon as it has run (no retain_graph), so
+// peak memory in backward does not grow with depth beyond the forward's activations.
+TEST(Engine, ReleasesSavedTensors) {
+  Tensor x = randn({1 << 16}).set_requires_grad(true);
+  Tensor h = x;
+  for (int i = 0; i < 20; ++i) h = tanh(h);
+  Tensor y = sum(h);
+  std::weak_ptr<TensorImpl> mid = h.impl_ptr();
+  h = Tensor();
+  int64_t before = memory_stats().current_bytes;
+  y.backward();
+  // All 20 saved outputs (256 KiB each) are gone after backward; x.grad (256 KiB) is new.
+  EXPECT_LE(memory_stats().current_bytes, before - 19 * (1 << 18));
+}
