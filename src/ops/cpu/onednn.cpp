@@ -1,0 +1,285 @@
+#include "ops/cpu/onednn.h"
+
+#include <atomic>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "tardelli/ops/copy.h"
+
+namespace td::cpu {
+
+namespace {
+
+using dnnl::memory;
+
+memory::data_type to_dnnl(DType t) {
+  switch (t) {
+    case DType::Float32:
+      return memory::data_type::f32;
+    case DType::BFloat16:
+      return memory::data_type::bf16;
+    case DType::Float16:
+      return memory::data_type::f16;
+    default:
+      TD_ERROR("matmul: oneDNN has no matmul for dtype ", dtype_name(t));
+  }
+}
+
+std::atomic<int64_t> g_created{0};
+
+// Note [Matmul primitive cache]: creating a oneDNN primitive (descriptor, JIT kernel) costs far
+// more than a small GEMM, and a training step issues the same few shapes every iteration. A
+// process-wide LRU keyed by everything that shapes the primitive (dims, strides, dtype, bias)
+// makes every step after the first reuse them. A primitive is executable from several threads
+// at once, so entries are shared_ptrs handed out under the lock and run outside it.
+struct Entry {
+  std::shared_ptr<dnnl::matmul> prim;  // null: oneDNN only had its reference implementation
+};
+
+using Key = std::vector<int64_t>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t v : k) h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+
+class PrimitiveCache {
+ public:
+  static constexpr size_t kCapacity = 512;
+
+  std::optional<Entry> find(const Key& k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end()) return std::nullopt;
+    order_.splice(order_.begin(), order_, it->second.second);
+    return it->second.first;
+  }
+
+  void insert(const Key& k, Entry e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.count(k)) return;
+    order_.push_front(k);
+    map_.emplace(k, std::make_pair(std::move(e), order_.begin()));
+    if (map_.size() > kCapacity) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<Key> order_;  // most recent first
+  std::unordered_map<Key, std::pair<Entry, std::list<Key>::iterator>, KeyHash> map_;
+};
+
+PrimitiveCache& cache() {
+  static PrimitiveCache c;
+  return c;
+}
+
+// The layout of one operand as oneDNN will see it.
+struct Operand {
+  memory::dims dims, strides;
+};
+
+// Rewrites the strides of a [batch..., R, C] operand into a form oneDNN's GEMM accepts: batch
+// dims that are broadcast (size 1 or stride 0) become size 1, and size-1 dims get strides that
+// make the inner matrix plainly row- or column-major. Returns false when the inner matrix has
+// no unit stride (e.g. a slice with step 2 in both dims): the caller copies it.
+bool describe_operand(const Tensor& t, Operand& op) {
+  const int64_t nd = t.dim();
+  op.dims.assign(t.sizes().begin(), t.sizes().end());
+  op.strides.assign(t.strides().begin(), t.strides().end());
+  int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
+  int64_t& sr = op.strides[nd - 2];
+  int64_t& sc = op.strides[nd - 1];
+  if (R == 1 && C == 1) {
+    sr = sc = 1;
+  } else if (R == 1) {
+    if (sc == 1)
+      sr = C;
+    else
+      sr = 1;
+  } else if (C == 1) {
+    if (sr == 1)
+      sc = R;
+    else
+      sc = 1;
+  }
+  bool ok = (sc == 1 && sr >= C) || (sr == 1 && sc >= R);
+  if (!ok) return false;
+  // Extent of the inner matrix in elements; batch dims of size 1 get a stride past it.
+  int64_t extent = std::max(sr * R, sc * C);
+  for (int64_t d = nd - 3; d >= 0; --d) {
+    if (op.dims[d] == 1 || op.strides[d] == 0) {
+      op.dims[d] = 1;
+      op.strides[d] = extent;
+    } else {
+      extent = std::max(extent, op.strides[d] * op.dims[d]);
+    }
+  }
+  return true;
+}
+
+void append(Key& k, const Operand& op) {
+  k.insert(k.end(), op.dims.begin(), op.dims.end());
+  k.insert(k.end(), op.strides.begin(), op.strides.end());
+}
+
+memory::desc dense_md(const memory::dims& dims, memory::data_type dt) {
+  memory::dims st(dims.size());
+  int64_t s = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    st[i] = s;
+    s *= std::max<int64_t>(dims[i], 1);
+  }
+  return memory::desc(dims, dt, st);
+}
+
+// The bias as a [1, ..., 1, N] tensor broadcast over rows and batch.
+memory::desc bias_md(const memory::dims& out_dims, memory::data_type dt) {
+  memory::dims bd(out_dims.size(), 1);
+  bd.back() = out_dims.back();
+  return dense_md(bd, dt);
+}
+
+// A contiguous copy that is not recorded by autograd.
+Tensor dense(const Tensor& t) {
+  Tensor c = Tensor::empty(t.sizes(), t.dtype(), t.device());
+  copy_into(c, t);
+  return c;
+}
+
+std::shared_ptr<dnnl::matmul> create(const Operand& a, const Operand& b, bool has_bias,
+                                     const memory::dims& out_dims, memory::data_type dt) {
+  memory::desc a_md(a.dims, dt, a.strides);
+  memory::desc b_md(b.dims, dt, b.strides);
+  memory::desc c_md = dense_md(out_dims, dt);
+  dnnl::matmul::primitive_desc pd;
+  if (has_bias) {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md(out_dims, dt), c_md),
+                                      onednn_engine());
+  } else {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), onednn_engine());
+  }
+  // Note [Reference matmul]: oneDNN answers every layout with at least "ref:any", a naive
+  // loop nest orders of magnitude slower than its GEMM. Such layouts are copied to contiguous
+  // by the caller instead; the null entry caches that decision.
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
+  ++g_created;
+  return std::make_shared<dnnl::matmul>(pd);
+}
+
+}  // namespace
+
+dnnl::engine& onednn_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& onednn_stream() {
+  static dnnl::stream s(onednn_engine());
+  return s;
+}
+
+bool onednn_has_matmul(DType t) {
+  auto probe = [](memory::data_type dt) {
+    try {
+      memory::desc md({8, 8}, dt, memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), onednn_engine());
+      return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  };
+  static const bool f32 = probe(memory::data_type::f32);
+  static const bool bf16 = probe(memory::data_type::bf16);
+  static const bool f16 = probe(memory::data_type::f16);
+  switch (t) {
+    case DType::Float32:
+      return f32;
+    case DType::BFloat16:
+      return bf16;
+    case DType::Float16:
+      return f16;
+    default:
+      return false;
+  }
+}
+
+int64_t onednn_primitives_created() {
+  return g_created.load();
+}
+
+void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+  const int64_t nd = out.dim();
+  TD_CHECK(nd >= 2 && nd <= 12 && a.dim() == nd && b.dim() == nd, "matmul: oneDNN takes 2 to 12 ",
+           "dims, got ", shape_str(a.sizes()), " @ ", shape_str(b.sizes()));
+  TD_CHECK(out.is_contiguous(), "matmul: internal error: destination must be contiguous");
+  if (out.numel() == 0) return;
+  const int64_t K = a.size(nd - 1);
+  if (K == 0) {
+    if (bias.defined())
+      copy_into(out, bias);
+    else
+      Tensor(out).fill_(0.0);
+    return;
+  }
+  Operand ao, bo;
+  if (!describe_operand(a, ao)) return onednn_matmul(dense(a), b, bias, out);
+  if (!describe_operand(b, bo)) return onednn_matmul(a, dense(b), bias, out);
+  for (int64_t d = 0; d < nd - 2; ++d) {
+    if (ao.dims[d] == 1 && bo.dims[d] == 1 && out.size(d) != 1) {
+      // Both operands broadcast (stride 0) along a dim the output has: oneDNN infers the
+      // output's batch dims from its inputs, so one of them is materialized.
+      return onednn_matmul(dense(a), b, bias, out);
+    }
+  }
+  memory::data_type dt = to_dnnl(out.dtype());
+  Key key;
+  key.reserve(4 * nd + 4);
+  key.push_back(static_cast<int64_t>(out.dtype()));
+  key.push_back(nd);
+  key.push_back(bias.defined() ? 1 : 0);
+  append(key, ao);
+  append(key, bo);
+  key.insert(key.end(), out.sizes().begin(), out.sizes().end());
+
+  memory::dims od(out.sizes().begin(), out.sizes().end());
+  std::optional<Entry> e = cache().find(key);
+  if (!e) {
+    try {
+      e = Entry{create(ao, bo, bias.defined(), od, dt)};
+    } catch (const dnnl::error& err) {
+      TD_ERROR("matmul: oneDNN could not create a primitive for ", describe(a), " @ ", describe(b),
+               ": ", err.what());
+    }
+    cache().insert(key, *e);
+  }
+  if (!e->prim) {
+    TD_CHECK(!a.is_contiguous() || !b.is_contiguous(), "matmul: oneDNN has only a reference ",
+             "implementation for ", shape_str(a.sizes()), " @ ", shape_str(b.sizes()));
+    return onednn_matmul(a.is_contiguous() ? a : dense(a), b.is_contiguous() ? b : dense(b), bias,
+                         out);
+  }
+  dnnl::engine& eng = onednn_engine();
+  memory am(memory::desc(ao.dims, dt, ao.strides), eng, a.data_ptr());
+  memory bm(memory::desc(bo.dims, dt, bo.strides), eng, b.data_ptr());
+  memory cm(dense_md(od, dt), eng, out.data_ptr());
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (bias.defined()) {
+    TD_CHECK(bias.is_contiguous() && bias.numel() == out.size(nd - 1),
+             "matmul: internal error: bias must be contiguous [N]");
+    args.emplace(DNNL_ARG_BIAS, memory(bias_md(od, dt), eng, bias.data_ptr()));
+  }
+  e->prim->execute(onednn_stream(), args);
+  onednn_stream().wait();
+}
+
+}  // namespace td::cpu

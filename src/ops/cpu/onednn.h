@@ -1,0 +1,28 @@
+#pragma once
+// oneDNN glue for the CPU matrix products (internal header): one engine and stream for the
+// process, and a matmul that passes any strided view to oneDNN without copying when oneDNN can
+// express the layout.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "tardelli/core/tensor.h"
+
+namespace td::cpu {
+
+dnnl::engine& onednn_engine();
+dnnl::stream& onednn_stream();
+
+// Whether oneDNN has a matmul implementation for this dtype on this CPU (bf16 and f16 need
+// AVX-512/AMX in oneDNN 2.6). Detected once per dtype by creating a primitive descriptor.
+bool onednn_has_matmul(DType t);
+
+// out[batch..., M, N] = a[batch..., M, K] @ b[batch..., K, N] (+ bias[N]).
+// a, b and out have the same ndim (2..12); each batch dim of a and b equals out's or is 1 (or
+// has stride 0: broadcast). a and b may have any strides; out must be contiguous. All tensors
+// share one dtype with onednn_has_matmul(dtype). K may be 0 (out = bias or zeros). Not recorded
+// by autograd.
+void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out);
+
+// Number of distinct primitives created so far (for tests of the cache).
+int64_t onednn_primitives_created();
+
+}  // namespace td::cpu
