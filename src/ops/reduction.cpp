@@ -27,7 +27,7 @@ void sum_kernel(const Tensor& x, const ops::ReducePlan& p, const Tensor& out, do
   TO* o = static_cast<TO*>(out.data_ptr());
   if (ops::is_leading_reduce(x, p)) {
     const T* in = static_cast<const T*>(x.data_ptr());
-    int64_t R = p.count, C = x.numel() / std::max<int64_t>(R, 1);
+    int64_t R = p.count, C = out.numel();  // not numel / R: with R = 0 that is 0, out unset
     cpu::parallel_for(C, 1024, [&](int64_t b, int64_t e) {
       std::vector<sum_acc_t<T>> acc(e - b, 0);
       for (int64_t i = 0; i < R; ++i) {

@@ -236,8 +236,10 @@ void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const T
   for (int64_t d = 0; d < nd - 2; ++d) {
     if (ao.dims[d] == 1 && bo.dims[d] == 1 && out.size(d) != 1) {
       // Both operands broadcast (stride 0) along a dim the output has: oneDNN infers the
-      // output's batch dims from its inputs, so one of them is materialized.
-      return onednn_matmul(dense(a), b, bias, out);
+      // output's batch dims from its inputs, so the one with the output's size there (stride
+      // 0) is materialized; densifying the size-1 one would change nothing and recurse forever.
+      if (a.size(d) != 1) return onednn_matmul(dense(a), b, bias, out);
+      return onednn_matmul(a, dense(b), bias, out);
     }
   }
   memory::data_type dt = to_dnnl(out.dtype());
