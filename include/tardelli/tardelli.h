@@ -26,3 +26,5 @@
 #include "tardelli/ops/rotary.h"
 #include "tardelli/ops/softmax.h"
 #include "tardelli/ops/view.h"
+#include "tardelli/nn/nn.h"
+#include "tardelli/optim/optim.h"

@@ -100,7 +100,10 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
 
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
-  out.emplace_back("", shared_from_this());
+  auto self = weak_from_this().lock();
+  TD_CHECK(self != nullptr, type_name_, ".named_modules: the module must be owned by a "
+           "std::shared_ptr (create it with std::make_shared)");
+  out.emplace_back("", self);
   for (const auto& [n, m] : children_) {
     for (auto& [sub, mm] : m->named_modules()) out.emplace_back(sub.empty() ? n : n + "." + sub, mm);
   }
