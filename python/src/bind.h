@@ -73,5 +73,7 @@ void init_attention(py::module_& m, TensorClass& cls);
 void init_indexing(py::module_& m, TensorClass& cls);
 void init_join(py::module_& m, TensorClass& cls);
 void init_dropout(py::module_& m, TensorClass& cls);
+void init_models(py::module_& m, TensorClass& cls);
+void init_hf(py::module_& m, TensorClass& cls);  // after init_models
 
 }  // namespace td::python

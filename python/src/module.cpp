@@ -22,4 +22,6 @@ PYBIND11_MODULE(_C, m) {
   tp::init_indexing(m, cls);
   tp::init_join(m, cls);
   tp::init_dropout(m, cls);
+  tp::init_models(m, cls);
+  tp::init_hf(m, cls);
 }

@@ -1,0 +1,108 @@
+#pragma once
+// The fused GPT: one model, two architectures chosen by GPTConfig::arch, written plainly (no
+// parallelism; a separate step lays it out over devices later).
+//
+//   gpt2:  x = wte[idx] + wpe[pos]; per layer x += attn(ln_1(x)); x += mlp(ln_2(x)) with
+//          LayerNorm (weight+bias), GELU-tanh MLP [4d], biases everywhere; logits = ln_f(x) wte^T
+//          (lm_head is the SAME tensor as wte: tied).
+//   llama: x = wte[idx]; RMSNorm (weight only), RoPE on q and k, SwiGLU MLP, no biases,
+//          grouped-query attention (n_kv_head divides n_head), untied lm_head.
+//
+// Parameter names (shared with the HF interop and the parallel layouts): wte.weight [V,d],
+// wpe.weight [block,d] (gpt2), h.{i}.ln_1.weight (+bias), h.{i}.attn.c_attn.weight
+// [(H+2*Hkv)*hd, d] (q rows, then k, then v; +bias), h.{i}.attn.c_proj.weight [d, H*hd] (+bias),
+// h.{i}.ln_2.weight (+bias), h.{i}.mlp.c_fc.weight ([4d,d] gpt2; [2*ff,d] llama: gate rows then
+// up rows; +bias gpt2), h.{i}.mlp.c_proj.weight [d, ff] (+bias), ln_f.weight (+bias),
+// lm_head.weight [V,d] (gpt2: tied to wte.weight, listed once by named_parameters()).
+//
+// Llama's hidden size when config.ffn_hidden is 0: ff = round_up(int(2 * 4d / 3), 64)
+// (e.g. d=256 -> 704, d=4096 -> 10944; Llama-1 7B rounds to 256 and has 11008: set ffn_hidden
+// to match a published checkpoint). gpt2's is 4d.
+//
+// Initialization (GPT-2's): every matrix and embedding ~ N(0, 0.02), the residual projections
+// attn.c_proj and mlp.c_proj ~ N(0, 0.02/sqrt(2*n_layer)), biases 0, norm weights 1. Each
+// parameter is drawn from its own Philox subsequence Generator(seed).split(fnv1a(name)), so its
+// values depend only on (seed, full name, shape): never on creation order or on any later layout.
+//
+// Mixed precision (config.dtype bf16/f16): parameters stay fp32 (master weights, fp32 gradients);
+// forward casts each weight with the differentiable td::to_dtype and runs the activations in the
+// compute dtype; the loss is computed in fp32 from the compute-dtype logits.
+//
+// Dropout (config.dropout > 0, training mode): on the embeddings and on both residual branches
+// (nanoGPT's resid_dropout). The fused attention kernel has no probability dropout, so attention
+// weights are not dropped.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tardelli/core/allocator.h"
+#include "tardelli/core/rng.h"
+#include "tardelli/models/gpt_config.h"
+#include "tardelli/nn/module.h"
+
+namespace td::models {
+
+// Targets equal to this are ignored by the loss (torch's default for cross_entropy).
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// The hidden size of the MLP for a config (rule above).
+int64_t ffn_hidden_size(const GPTConfig& config);
+
+struct ParamGroup {
+  nn::NamedTensors params;
+  double weight_decay = 0.0;
+};
+
+class GPT : public nn::Module {
+ public:
+  // Validates the config and initializes every parameter from config.seed. Use make_shared
+  // (module traversal needs shared_from_this).
+  explicit GPT(GPTConfig config);
+
+  const GPTConfig& config() const { return config_; }
+
+  // idx: [B, T] int64/int32 token ids, T <= block_size. With targets ([B, T] ids, kIgnoreIndex
+  // to skip a position): the mean cross-entropy, an fp32 scalar. Without: logits [B, T, V] in
+  // the compute dtype.
+  Tensor forward(const Tensor& idx, const Tensor& targets = Tensor());
+
+  // Autoregressive sampling with a KV cache: the prompt is run once (prefill), then one token per
+  // step attends to the cached keys/values. Each step samples from softmax(logits / temperature)
+  // restricted to the top_k largest logits (top_k <= 0: all); temperature <= 0 or top_k == 1 is
+  // greedy (argmax, first maximum on ties). Once the context would exceed block_size the context
+  // is cropped to the last block_size tokens (as nanoGPT) and recomputed, since absolute
+  // positions shift. Returns [B, T0 + max_new_tokens] int64. Runs without autograd, in eval
+  // semantics (no dropout), and leaves the training flag unchanged.
+  Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0,
+                  int64_t top_k = 0, Generator* gen = nullptr);
+
+  // AdamW's two groups: decay = every parameter with dim >= 2 (matrices, embeddings), no decay =
+  // the rest (biases, norm weights). Each parameter appears once (tied weights included).
+  std::vector<ParamGroup> param_groups(double weight_decay) const;
+
+ private:
+  struct Layer {
+    Tensor ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;
+    Tensor ln_2_w, ln_2_b, c_fc_w, c_fc_b, mlp_proj_w, mlp_proj_b;
+  };
+  struct KVCache {
+    std::vector<Tensor> k, v;  // per layer [B, Hkv, block_size, hd], compute dtype
+  };
+
+  // The hidden states after ln_f for tokens at positions [start, start + T); with a cache the
+  // new keys/values are written into it at those positions and attention runs over its prefix.
+  Tensor hidden(const Tensor& idx, int64_t start, KVCache* cache);
+  Tensor block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer);
+  Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b) const;
+  Tensor cast(const Tensor& p) const;  // parameter -> compute dtype (differentiable)
+  Tensor maybe_dropout(const Tensor& x);
+
+  GPTConfig config_;
+  int64_t ff_ = 0;
+  Tensor wte_, wpe_, ln_f_w_, ln_f_b_, lm_head_;
+  std::vector<Layer> layers_;
+  Tensor rope_cos_, rope_sin_;  // llama: fp32 [block_size, hd/2]
+  Generator dropout_gen_;
+};
+
+}  // namespace td::models

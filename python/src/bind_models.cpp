@@ -1,0 +1,134 @@
+// tardelli._C.models: GPTConfig and the fused GPT (models/gpt.h). Type conversion only; the
+// torch-style wrapper (td.models.GPT, a td.nn.Module) is python/tardelli/models.py.
+#include "bind.h"
+#include "tardelli/models/gpt.h"
+
+namespace td::python {
+
+using namespace pybind11::literals;
+using models::GPT;
+using models::GPTConfig;
+
+namespace {
+
+py::list named_list(const nn::NamedTensors& ts) {
+  py::list r;
+  for (const auto& [n, t] : ts) r.append(py::make_tuple(n, t));
+  return r;
+}
+
+}  // namespace
+
+void init_models(py::module_& m, TensorClass& /*cls*/) {
+  py::module_ mm = m.def_submodule("models", "The fused GPT (C++)");
+
+  const GPTConfig d;
+  py::class_<GPTConfig>(mm, "GPTConfig")
+      .def(py::init([](const std::string& arch, int64_t vocab_size, int64_t block_size,
+                       int64_t n_layer, int64_t n_head, int64_t n_kv_head, int64_t d_model,
+                       int64_t ffn_hidden, double dropout, double norm_eps, double rope_base,
+                       DType dtype, uint64_t seed) {
+             GPTConfig c;
+             c.arch = models::parse_arch(arch);
+             c.vocab_size = vocab_size;
+             c.block_size = block_size;
+             c.n_layer = n_layer;
+             c.n_head = n_head;
+             c.n_kv_head = n_kv_head;
+             c.d_model = d_model;
+             c.ffn_hidden = ffn_hidden;
+             c.dropout = dropout;
+             c.norm_eps = norm_eps;
+             c.rope_base = rope_base;
+             c.dtype = dtype;
+             c.seed = seed;
+             return c;
+           }),
+           py::kw_only(), "arch"_a = models::arch_name(d.arch), "vocab_size"_a = d.vocab_size,
+           "block_size"_a = d.block_size, "n_layer"_a = d.n_layer, "n_head"_a = d.n_head,
+           "n_kv_head"_a = d.n_kv_head, "d_model"_a = d.d_model, "ffn_hidden"_a = d.ffn_hidden,
+           "dropout"_a = d.dropout, "norm_eps"_a = d.norm_eps, "rope_base"_a = d.rope_base,
+           "dtype"_a = d.dtype, "seed"_a = d.seed)
+      .def_property(
+          "arch", [](const GPTConfig& c) { return std::string(models::arch_name(c.arch)); },
+          [](GPTConfig& c, const std::string& s) { c.arch = models::parse_arch(s); })
+      .def_readwrite("vocab_size", &GPTConfig::vocab_size)
+      .def_readwrite("block_size", &GPTConfig::block_size)
+      .def_readwrite("n_layer", &GPTConfig::n_layer)
+      .def_readwrite("n_head", &GPTConfig::n_head)
+      .def_readwrite("n_kv_head", &GPTConfig::n_kv_head)
+      .def_readwrite("d_model", &GPTConfig::d_model)
+      .def_readwrite("ffn_hidden", &GPTConfig::ffn_hidden)
+      .def_readwrite("dropout", &GPTConfig::dropout)
+      .def_readwrite("norm_eps", &GPTConfig::norm_eps)
+      .def_readwrite("rope_base", &GPTConfig::rope_base)
+      .def_readwrite("dtype", &GPTConfig::dtype)
+      .def_readwrite("seed", &GPTConfig::seed)
+      .def("kv_heads", &GPTConfig::kv_heads)
+      .def("head_dim", &GPTConfig::head_dim)
+      .def("ffn_hidden_size", [](const GPTConfig& c) { return models::ffn_hidden_size(c); })
+      .def("validate", &GPTConfig::validate)
+      .def("diff", &GPTConfig::diff, "other"_a);
+
+  py::class_<GPT, std::shared_ptr<GPT>>(mm, "GPT")
+      .def(py::init([](const GPTConfig& c) { return std::make_shared<GPT>(c); }), "config"_a,
+           nogil())
+      .def_property_readonly("config", &GPT::config)
+      .def(
+          "forward",
+          [](GPT& g, const Tensor& idx, const std::optional<Tensor>& targets) {
+            return g.forward(idx, or_undefined(targets));
+          },
+          "idx"_a, "targets"_a = py::none(), nogil())
+      .def(
+          "generate",
+          [](GPT& g, const Tensor& idx, int64_t max_new_tokens, double temperature, int64_t top_k,
+             Generator* gen) { return g.generate(idx, max_new_tokens, temperature, top_k, gen); },
+          "idx"_a, "max_new_tokens"_a, "temperature"_a = 1.0, "top_k"_a = 0,
+          "generator"_a = nullptr, nogil())
+      .def("named_parameters", [](const GPT& g) { return named_list(g.named_parameters()); })
+      .def("named_module_types",
+           [](GPT& g) {
+             py::list r;
+             for (auto& [n, sub] : g.named_modules()) r.append(py::make_tuple(n, sub->type_name()));
+             return r;
+           })
+      .def("state_dict",
+           [](const GPT& g) {
+             py::dict r;
+             for (auto& [n, t] : g.state_dict()) r[py::str(n)] = t;
+             return r;
+           })
+      .def(
+          "load_state_dict",
+          [](GPT& g, const std::map<std::string, Tensor>& sd, bool strict) {
+            g.load_state_dict(sd, strict);
+          },
+          "state_dict"_a, "strict"_a = true, nogil())
+      .def(
+          "param_groups",
+          [](const GPT& g, double weight_decay) {
+            py::list r;
+            for (auto& grp : g.param_groups(weight_decay)) {
+              py::dict e;
+              e["params"] = named_list(grp.params);
+              e["weight_decay"] = grp.weight_decay;
+              r.append(e);
+            }
+            return r;
+          },
+          "weight_decay"_a)
+      // Module's methods through lambdas: the nn::Module base is not a bound class.
+      .def(
+          "train", [](GPT& g, bool mode) { g.train(mode); }, "mode"_a = true)
+      .def_property_readonly("training", [](const GPT& g) { return g.is_training(); })
+      .def(
+          "zero_grad", [](GPT& g, bool set_to_none) { g.zero_grad(set_to_none); },
+          "set_to_none"_a = true)
+      .def("num_parameters", [](const GPT& g) { return g.num_parameters(); });
+
+  mm.def("ffn_hidden_size", &models::ffn_hidden_size, "config"_a);
+  mm.attr("IGNORE_INDEX") = models::kIgnoreIndex;
+}
+
+}  // namespace td::python

@@ -1,0 +1,166 @@
+"""tardelli.models: the fused GPT (implemented in C++, include/tardelli/models/gpt.h).
+
+    cfg = td.models.GPTConfig(arch="llama", vocab_size=8192, block_size=256, n_layer=4,
+                              n_head=4, n_kv_head=2, d_model=256, dtype="bf16")
+    model = td.models.GPT(cfg)
+    loss = model(idx, targets)            # mean cross-entropy (fp32 scalar)
+    logits = model(idx)                   # [B, T, V] in the compute dtype
+    opt = td.optim.AdamW(model.param_groups(weight_decay=0.1), lr=3e-4)
+    out = model.generate(idx, 20, temperature=0.8, top_k=50)
+
+GPT is a td.nn.Module whose parameters are the C++ model's own tensors (wrapped as
+td.nn.Parameter, Note [Parameter shares the TensorImpl]), so parameters(), state_dict(),
+load_state_dict(), zero_grad(), to(dtype) and optimizers act on what the C++ forward reads.
+Targets equal to -100 (IGNORE_INDEX, torch's default) are left out of the loss.
+"""
+from . import _C
+from . import nn
+from ._tensor import as_dtype
+
+_CConfig = _C.models.GPTConfig
+IGNORE_INDEX = _C.models.IGNORE_INDEX
+
+_DTYPE_NAMES = {
+    "fp32": _C.dtype.float32, "float32": _C.dtype.float32,
+    "bf16": _C.dtype.bfloat16, "bfloat16": _C.dtype.bfloat16,
+    "fp16": _C.dtype.float16, "float16": _C.dtype.float16,
+}
+_SHORT = {_C.dtype.float32: "fp32", _C.dtype.bfloat16: "bf16", _C.dtype.float16: "fp16"}
+_FIELDS = ("arch", "vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model",
+           "ffn_hidden", "dropout", "norm_eps", "rope_base", "dtype", "seed")
+
+
+def _as_compute_dtype(dtype):
+    if isinstance(dtype, str):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"GPTConfig: unknown dtype '{dtype}' (expected 'fp32', 'bf16' or "
+                             "'fp16')")
+        return _DTYPE_NAMES[dtype]
+    return as_dtype(dtype)
+
+
+class GPTConfig(_CConfig):
+    """The model's configuration, keyword-constructed: arch ("gpt2" | "llama"), vocab_size,
+    block_size, n_layer, n_head, n_kv_head (0: = n_head), d_model, ffn_hidden (0: the arch's
+    rule), dropout, norm_eps, rope_base, dtype ("fp32" | "bf16" | "fp16", or a td dtype: the
+    compute dtype; parameters stay fp32) and seed (initialization). Defaults are GPT-2 small."""
+
+    def __init__(self, **kwargs):
+        unknown = sorted(set(kwargs) - set(_FIELDS))
+        if unknown:
+            raise TypeError(f"GPTConfig: unknown field(s) {unknown} (fields: {list(_FIELDS)})")
+        if "dtype" in kwargs:
+            kwargs["dtype"] = _as_compute_dtype(kwargs["dtype"])
+        super().__init__(**kwargs)
+
+    def __setattr__(self, name, value):
+        if name == "dtype":
+            value = _as_compute_dtype(value)
+        super().__setattr__(name, value)
+
+    def to_dict(self):
+        d = {f: getattr(self, f) for f in _FIELDS}
+        d["dtype"] = _SHORT[d["dtype"]]
+        return d
+
+    def replace(self, **changes):
+        """A copy with some fields changed (dataclasses.replace)."""
+        d = self.to_dict()
+        d.update(changes)
+        return GPTConfig(**d)
+
+    def __eq__(self, other):
+        return isinstance(other, _CConfig) and self.diff(other) == ""
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "GPTConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
+
+
+class _Sub(nn.Module):
+    """A node of the parameter tree (Embedding, Block, Linear, ...): holds parameters and
+    children only; the computation is the C++ model's."""
+
+    def __init__(self, type_name):
+        super().__init__()
+        object.__setattr__(self, "_type_name", type_name)
+
+    def _get_name(self):
+        return self._type_name
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError(f"{self._type_name} is part of the fused GPT: call the GPT itself")
+
+
+class GPT(nn.Module):
+    """The fused GPT (gpt2 or llama from one config; see include/tardelli/models/gpt.h for the
+    math, names, initialization and mixed precision)."""
+
+    def __init__(self, config):
+        super().__init__()
+        if not isinstance(config, _CConfig):
+            raise TypeError(f"GPT: expected a td.models.GPTConfig, got {type(config).__name__}")
+        cpp = _C.models.GPT(config)
+        object.__setattr__(self, "_cpp", cpp)
+        object.__setattr__(self, "config", GPTConfig(**_config_dict(cpp.config)))
+        # Mirror the C++ module tree so names, repr and traversal are the C++ model's.
+        types = dict(cpp.named_module_types())
+        for name, t in cpp.named_parameters():
+            mod_path, _, leaf = name.rpartition(".")
+            self._node(mod_path, types).register_parameter(leaf, nn.Parameter(t))
+        if config.arch == "gpt2":
+            # Tied head: the same Parameter object under both names, as nanoGPT/HF tie them.
+            self._node("lm_head", types).register_parameter("weight", self.wte.weight)
+
+    def _node(self, path, types):
+        mod = self
+        walked = []
+        for part in path.split(".") if path else []:
+            walked.append(part)
+            if part not in mod._modules:
+                mod.add_module(part, _Sub(types.get(".".join(walked), "Module")))
+            mod = mod._modules[part]
+        return mod
+
+    def forward(self, idx, targets=None):
+        """idx [B, T] int64 -> logits [B, T, V]; with targets [B, T] -> the mean loss."""
+        return self._cpp.forward(idx, targets)
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._cpp.train(mode)
+        return self
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Samples max_new_tokens tokens per row with a KV cache; top_k=1 or temperature=0 is
+        greedy. Returns [B, T + max_new_tokens] int64. No autograd, no dropout."""
+        return self._cpp.generate(idx, int(max_new_tokens), float(temperature),
+                                  int(top_k or 0), generator)
+
+    def param_groups(self, weight_decay):
+        """torch-style optimizer groups: decay on matrices and embeddings (dim >= 2), none on
+        biases and norm weights; every parameter once (the Parameter objects of this module)."""
+        by_name = dict(self.named_parameters())
+        return [{"params": [by_name[n] for n, _ in g["params"]],
+                 "weight_decay": float(g["weight_decay"])}
+                for g in self._cpp.param_groups(float(weight_decay))]
+
+    def num_parameters(self):
+        return self._cpp.num_parameters()
+
+    def extra_repr(self):
+        return f"arch={self.config.arch}, dtype={_SHORT[self.config.dtype]}"
+
+
+def _config_dict(c):
+    d = {f: getattr(c, f) for f in _FIELDS}
+    return d
+
+
+__all__ = ["GPTConfig", "GPT", "IGNORE_INDEX"]
+
+# GPT.load_hf / GPT.save_hf (Hugging Face GPT-2 interop) live in models_hf.py.
+from .models_hf import install as _install_hf  # noqa: E402
+
+_install_hf(GPT)
