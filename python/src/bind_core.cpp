@@ -128,7 +128,8 @@ TensorOptions options(DType dtype, const Device& device, bool requires_grad) {
 
 py::dict stats_dict(const MemoryStats& s) {
   return py::dict("current_bytes"_a = s.current_bytes, "peak_bytes"_a = s.peak_bytes,
-                  "num_allocs"_a = s.num_allocs, "num_frees"_a = s.num_frees);
+                  "num_allocs"_a = s.num_allocs, "num_frees"_a = s.num_frees,
+                  "reserved_bytes"_a = s.reserved_bytes);
 }
 
 void bind_dtype_device(py::module_& m) {
@@ -268,6 +269,7 @@ void bind_factories(py::module_& m) {
       "memory_stats", [](const Device& d) { return stats_dict(memory_stats(d)); },
       "device"_a = kCPU);
   m.def("reset_peak_memory_stats", &reset_peak_memory_stats, "device"_a = kCPU);
+  m.def("empty_cache", &empty_cache, "device"_a = kCPU);
 }
 
 void bind_tensor(TensorClass& cls) {

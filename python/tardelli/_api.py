@@ -284,12 +284,18 @@ def manual_seed(seed):
 
 
 def memory_stats(device="cpu"):
-    """Allocator statistics: current_bytes, peak_bytes, num_allocs, num_frees."""
+    """Allocator statistics: current_bytes (live tensors), peak_bytes, reserved_bytes (live
+    plus blocks cached for reuse), num_allocs, num_frees."""
     return _C.memory_stats(as_device(device))
 
 
 def reset_peak_memory_stats(device="cpu"):
     _C.reset_peak_memory_stats(as_device(device))
+
+
+def empty_cache(device="cpu"):
+    """Returns the allocator's cached free blocks to the system."""
+    _C.empty_cache(as_device(device))
 
 
 __all__ = [
@@ -298,5 +304,5 @@ __all__ = [
     "randn_like", "max", "min", "where", "cat", "concat", "stack", "split", "chunk", "softmax",
     "log_softmax", "transpose", "permute", "reshape", "flatten", "squeeze", "unsqueeze",
     "narrow", "select", "t", "clone", "detach", "numel", "is_tensor", "is_floating_point",
-    "get_default_dtype", "manual_seed", "memory_stats", "reset_peak_memory_stats",
+    "get_default_dtype", "manual_seed", "memory_stats", "reset_peak_memory_stats", "empty_cache",
 ]

@@ -47,3 +47,24 @@ TEST(Autograd, SimpleGraph) {
   EXPECT_EQ(to_vector<float>(a.grad()), (std::vector<float>{5, 6, 7}));
   EXPECT_EQ(to_vector<float>(b.grad()), (std::vector<float>{1, 2, 3}));
 }
+
+// Large blocks are cached and reused (same size class -> same block), counted as reserved but
+// not as current; empty_cache returns them. See Note [CPU caching allocator].
+TEST(Allocator, CachesLargeBlocks) {
+  empty_cache();
+  void* first = nullptr;
+  {
+    Tensor t = empty({1 << 20});  // 4 MiB
+    first = t.data_ptr();
+  }
+  MemoryStats s = memory_stats();
+  EXPECT_GE(s.reserved_bytes - s.current_bytes, 4 << 20);
+  {
+    Tensor t = empty({(1 << 20) - 100});  // same size class
+    EXPECT_EQ(t.data_ptr(), first);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u);
+  }
+  empty_cache();
+  s = memory_stats();
+  EXPECT_EQ(s.reserved_bytes, s.current_bytes);
+}

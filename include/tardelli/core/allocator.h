@@ -18,6 +18,7 @@ struct MemoryStats {
   int64_t peak_bytes = 0;     // high-water mark of current_bytes since the last reset
   int64_t num_allocs = 0;     // allocations made since start
   int64_t num_frees = 0;
+  int64_t reserved_bytes = 0;  // current_bytes plus blocks cached for reuse
 };
 
 class Allocator {
@@ -26,6 +27,8 @@ class Allocator {
   virtual DataPtr allocate(size_t nbytes) = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
+  // Returns cached (free) blocks to the system.
+  virtual void empty_cache() {}
   virtual Device device() const = 0;
 };
 
@@ -38,5 +41,6 @@ void register_allocator(DeviceType t, Allocator* a);
 
 MemoryStats memory_stats(Device d = kCPU);
 void reset_peak_memory_stats(Device d = kCPU);
+void empty_cache(Device d = kCPU);
 
 }  // namespace td
