@@ -56,6 +56,8 @@ fi
 
 # ccache needs a writable cache folder even where HOME is unset (some CI environments).
 export CCACHE_DIR="${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}"
+# Paths relative to the checkout in ccache's hash, so a fresh clone elsewhere (CI) hits the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 
 build_dir="${TD_BUILD_DIR:-build/${TD_PRESET}}"
 echo "setup: configuring preset '${TD_PRESET}' in ${build_dir}"
