@@ -244,12 +244,14 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
              "GPT.forward: targets must be int64/int32 with the shape of idx ",
              shape_str(idx.sizes()), ", got ", describe(targets));
   }
-  Tensor logits = linear(hidden(idx, 0, nullptr), cast(lm_head_));  // [B, T, V], compute dtype
-  if (!targets.defined()) return logits;
-  // The softmax over the vocabulary is taken in fp32 (a bf16 scalar loss would be rounded to
-  // 8 bits of mantissa: 0.03 nats at a loss of 9).
-  if (logits.dtype() != DType::Float32) logits = to_dtype(logits, DType::Float32);
-  return cross_entropy(logits, targets, kIgnoreIndex, Reduction::Mean);
+  Tensor h = hidden(idx, 0, nullptr);  // [B, T, d], compute dtype
+  if (!targets.defined()) return linear(h, cast(lm_head_));  // logits [B, T, V]
+  // Training: the head and the loss fused and chunked over tokens, so the [B*T, V] logits and
+  // their gradient never exist whole (Note [Chunked LM head]). The softmax over the vocabulary
+  // is taken in fp32 (a bf16 scalar loss would be rounded to 8 bits of mantissa).
+  const int64_t N = h.size(0) * h.size(1);
+  return linear_cross_entropy(h.reshape({N, h.size(2)}), cast(lm_head_), targets.reshape({N}),
+                              kIgnoreIndex);
 }
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature, int64_t top_k,
