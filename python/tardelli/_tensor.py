@@ -153,7 +153,9 @@ def _tolist(self):
 # ---- conversions ----
 
 
-def _to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+def parse_to_args(args, dtype=None, device=None):
+    """torch's to() positional forms: a dtype, a device (or its string), or a tensor whose
+    dtype and device are taken. Returns (dtype, device), keyword values as defaults."""
     for a in args:
         if isinstance(a, _C.dtype):
             dtype = a
@@ -163,6 +165,11 @@ def _to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
             dtype, device = a.dtype, a.device
         else:
             raise TypeError(f"to(): unexpected argument {a!r}")
+    return dtype, device
+
+
+def _to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+    dtype, device = parse_to_args(args, dtype, device)
     t = self
     if device is not None:
         t = t._to_device(as_device(device))

@@ -1,5 +1,6 @@
 """tardelli.nn.functional: torch.nn.functional's names over the fused C++ ops."""
 from .. import _C
+from .._api import log_softmax, softmax  # noqa: F401  (the same functions as td.softmax)
 from .._tensor import Tensor, TardelliError, TardelliNotImplementedError
 
 _EPS = {"float32": 1.1920928955078125e-07, "bfloat16": 0.0078125, "float16": 0.0009765625}
@@ -23,18 +24,6 @@ def tanh(input):
 
 def sigmoid(input):
     return _C.sigmoid(input)
-
-
-def softmax(input, dim, dtype=None):
-    if dtype is not None:
-        input = input.to(dtype)
-    return _C.softmax(input, dim)
-
-
-def log_softmax(input, dim, dtype=None):
-    if dtype is not None:
-        input = input.to(dtype)
-    return _C.log_softmax(input, dim)
 
 
 def linear(input, weight, bias=None):

@@ -10,7 +10,7 @@ import math
 import operator
 
 from .. import _C
-from .._tensor import Tensor, as_device, as_dtype
+from .._tensor import Tensor, as_device, as_dtype, parse_to_args
 from ..autograd import no_grad
 from . import functional as F
 from . import init
@@ -376,15 +376,7 @@ class Module:
     def to(self, *args, dtype=None, device=None, non_blocking=False):
         """to(dtype), to(device), to('cpu'), to(device, dtype) or to(tensor). A dtype converts
         only floating-point parameters and buffers, as in torch."""
-        for a in args:
-            if isinstance(a, _C.dtype):
-                dtype = a
-            elif isinstance(a, (str, _C.device)):
-                device = a
-            elif isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            else:
-                raise TypeError(f"to(): unexpected argument {a!r}")
+        dtype, device = parse_to_args(args, dtype, device)
         dtype, device = as_dtype(dtype), as_device(device)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got {dtype}")
