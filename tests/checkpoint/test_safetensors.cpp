@@ -1,5 +1,6 @@
 // Safetensors read/write: round trips for every dtype, byte compatibility with the reference
 // writer (Python `safetensors`), and every corruption as a td::Error naming file and tensor.
+#include "test_util.h"
 #include "tardelli/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -22,29 +23,10 @@ using td::checkpoint::load_safetensors;
 using td::checkpoint::NamedTensors;
 using td::checkpoint::save_safetensors;
 
-// A fresh directory per test, removed afterwards.
-class Safetensors : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("td_safetensors_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class Safetensors : public td::test::TempDirTest {};
 
-std::string read_bytes(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void write_bytes(const std::string& p, const std::string& b) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(b.data(), static_cast<std::streamsize>(b.size()));
-}
+using td::test::read_bytes;
+using td::test::write_bytes;
 std::string from_hex(const std::string& h) {
   std::string out;
   for (size_t i = 0; i + 1 < h.size(); i += 2)

@@ -2,6 +2,7 @@
 // layout, files without the "transformer." prefix, tied lm_head, and every unsupported or
 // inconsistent checkpoint as a clear td::Error. The comparison against transformers itself is
 // tests/python/test_hf_interop.py.
+#include "test_util.h"
 #include "tardelli/models/hf_gpt2.h"
 
 #include <gtest/gtest.h>
@@ -36,28 +37,10 @@ GPTConfig tiny(Arch arch = Arch::GPT2) {
   return c;
 }
 
-class HFGPT2 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("td_hf_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& n) const { return (dir_ / n).string(); }
-  fs::path dir_;
-};
+class HFGPT2 : public td::test::TempDirTest {};
 
-std::string read_bytes(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void write_bytes(const std::string& p, const std::string& b) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << b;
-}
+using td::test::read_bytes;
+using td::test::write_bytes;
 bool same_bytes(const Tensor& a, const Tensor& b) {
   Tensor ca = a.detach().contiguous(), cb = b.detach().contiguous();
   return ca.dtype() == cb.dtype() && ca.sizes() == cb.sizes() &&
