@@ -247,9 +247,9 @@ def test_sgd_state_dict_round_trip():
 
 
 def ref_warmup_cosine(it, warmup, total, max_lr, min_lr):
-    """Written out independently (llm.c / nanoGPT's get_lr with the documented convention)."""
-    if it < warmup:
-        return max_lr * (it + 1) / warmup
+    """Written out independently (Megatron's OptimizerParamScheduler.get_lr, init_lr = 0)."""
+    if it <= warmup:
+        return max_lr * it / warmup
     if it > total:
         return min_lr
     decay_ratio = (it - warmup) / (total - warmup)
@@ -258,20 +258,22 @@ def ref_warmup_cosine(it, warmup, total, max_lr, min_lr):
 
 
 def test_schedule_functions_follow_formulas():
-    # Property: warmup_cosine_lr is nanoGPT's formula; linear decay goes straight from max_lr
+    # Property: warmup_cosine_lr is Megatron's formula (0 at step 0, max_lr at step `warmup`),
+    # the same numbers as the C++ td::optim::warmup_cosine; linear decay goes straight from max_lr
     # at the end of warmup to min_lr at `total`; constant stays at max_lr after warmup.
     S = td.optim.lr_scheduler
     for it in range(0, 130):
         assert S.warmup_cosine_lr(it, 10, 100, 6e-4, 6e-5) == pytest.approx(
             ref_warmup_cosine(it, 10, 100, 6e-4, 6e-5), rel=1e-12, abs=1e-18)
-    assert S.warmup_cosine_lr(9, 10, 100, 1.0, 0.1) == 1.0  # warmup ends exactly at max_lr
+    assert S.warmup_cosine_lr(0, 10, 100, 1.0, 0.1) == 0.0  # Megatron: step 0 has lr 0
+    assert S.warmup_cosine_lr(10, 10, 100, 1.0, 0.1) == 1.0  # warmup ends exactly at max_lr
     assert S.warmup_cosine_lr(55, 10, 100, 1.0, 0.0) == pytest.approx(0.5, rel=1e-12)
-    assert S.linear_decay_lr(0, 4, 104, 1.0, 0.0) == 0.25
+    assert S.linear_decay_lr(1, 4, 104, 1.0, 0.0) == 0.25
     assert S.linear_decay_lr(4, 4, 104, 1.0, 0.0) == 1.0
     assert S.linear_decay_lr(54, 4, 104, 2.0, 1.0) == pytest.approx(1.5, rel=1e-12)
     assert S.linear_decay_lr(104, 4, 104, 2.0, 1.0) == 1.0
     assert S.linear_decay_lr(500, 4, 104, 2.0, 1.0) == 1.0
-    assert S.constant_lr(1, 4, 104, 2.0) == 1.0
+    assert S.constant_lr(2, 4, 104, 2.0) == 1.0
     assert S.constant_lr(1000, 4, 104, 2.0) == 2.0
     assert S.warmup_cosine_lr(0, 0, 10, 1.0, 0.0) == 1.0  # no warmup: starts at max_lr
 

@@ -1,10 +1,11 @@
 """Learning-rate schedules: torch-style scheduler classes and the plain formulas they use.
 
-Note [Schedule step convention]: `step` counts optimizer steps from 0. Warmup raises the rate
-linearly to max_lr over `warmup` steps, reaching it at step warmup-1 (llm.c's
-max_lr * (step+1) / warmup, so step 0 already trains); then the rate decays from max_lr at
-step `warmup` to min_lr at step `total` (Megatron's decay_ratio = (step - warmup) /
-(total - warmup)) and stays at min_lr afterwards.
+Note [Schedule step convention]: `step` counts optimizer steps from 0, and the formulas are
+the C++ library's (include/tardelli/optim/lr_schedule.h), which are Megatron-LM's
+OptimizerParamScheduler with init_lr = 0: warmup raises the rate linearly as
+max_lr * step / warmup (0 at step 0) and reaches max_lr at step `warmup`; then the rate decays
+to min_lr at step `total` (decay_ratio = (step - warmup) / (total - warmup)) and stays there.
+The Python training CLI and the C++ trainer therefore follow the same learning-rate sequence.
 """
 import math
 
@@ -12,8 +13,8 @@ from .optimizer import Optimizer
 
 
 def _warmup_decay(step, warmup, total, max_lr, min_lr, coeff_fn):
-    if warmup > 0 and step < warmup:
-        return max_lr * (step + 1) / warmup
+    if warmup > 0 and step <= warmup:
+        return max_lr * step / warmup
     if step >= total:
         return min_lr
     ratio = (step - warmup) / (total - warmup)
@@ -21,7 +22,7 @@ def _warmup_decay(step, warmup, total, max_lr, min_lr, coeff_fn):
 
 
 def warmup_cosine_lr(step, warmup, total, max_lr, min_lr=0.0):
-    """Linear warmup, then half a cosine from max_lr down to min_lr at `total` (nanoGPT)."""
+    """Linear warmup, then half a cosine from max_lr down to min_lr at `total` (Megatron)."""
     return _warmup_decay(step, warmup, total, max_lr, min_lr,
                          lambda r: 0.5 * (1.0 + math.cos(math.pi * r)))
 
@@ -33,8 +34,8 @@ def linear_decay_lr(step, warmup, total, max_lr, min_lr=0.0):
 
 def constant_lr(step, warmup, total, max_lr, min_lr=0.0):
     """Linear warmup, then max_lr for ever (`total` and `min_lr` are ignored)."""
-    if warmup > 0 and step < warmup:
-        return max_lr * (step + 1) / warmup
+    if warmup > 0 and step <= warmup:
+        return max_lr * step / warmup
     return max_lr
 
 
