@@ -1,7 +1,7 @@
 // Safetensors read/write: round trips for every dtype, byte compatibility with the reference
 // writer (Python `safetensors`), and every corruption as a td::Error naming file and tensor.
-#include "test_util.h"
 #include "tardelli/checkpoint/safetensors.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
