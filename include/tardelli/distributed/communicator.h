@@ -20,6 +20,9 @@
 //   throws a td::Error naming the rank, the group, the operation and the element count
 //   ("rank 1 of group 'dp' (size 2): all_reduce of 4096 float32 timed out after 300 s").
 // - kAvg divides by size() after summation (integer dtypes: truncating division).
+// - bool tensors reduce logically (like PyTorch's NCCL group): Sum and Max are OR, Min is AND;
+//   Avg is an error. bf16/f16 reduce in fp32 with one rounding per pairwise combine (Note
+//   [Reduced-precision reductions] in src/distributed/mpi_communicator.cpp).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -45,8 +48,11 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// 5 minutes, or the environment's TD_COMM_TIMEOUT_S (seconds, may be fractional) when set.
+std::chrono::milliseconds default_comm_timeout();
+
 struct CommOptions {
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = default_comm_timeout();
   bool check_consistency = true;  // cross-rank dtype/count check before each collective
 };
 
@@ -64,6 +70,8 @@ class Communicator {
   void set_timeout(std::chrono::milliseconds timeout) { options_.timeout = timeout; }
   // "mpi" | "nccl"
   virtual const char* backend() const = 0;
+  // "rank 1 of group 'dp' (size 2)": how every message of this communicator names it.
+  std::string where() const;
 
   // In place: every rank ends with the reduction of all ranks' `t`.
   WorkPtr all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum, bool async_op = false);
@@ -96,8 +104,7 @@ class Communicator {
   // peers in range, splits valid) and, where asked, cross-checked between ranks.
   virtual WorkPtr do_all_reduce(Tensor& t, ReduceOp op, bool async_op) = 0;
   virtual WorkPtr do_all_gather(Tensor& out, const Tensor& in, bool async_op) = 0;
-  virtual WorkPtr do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op,
-                                    bool async_op) = 0;
+  virtual WorkPtr do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op, bool async_op) = 0;
   virtual WorkPtr do_broadcast(Tensor& t, int root, bool async_op) = 0;
   virtual WorkPtr do_send(const Tensor& t, int dst, int tag, bool async_op) = 0;
   virtual WorkPtr do_recv(Tensor& t, int src, int tag, bool async_op) = 0;
@@ -107,10 +114,10 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual std::shared_ptr<Communicator> do_split(int color, int key, const std::string& name) = 0;
 
-  // Cross-rank consistency check (a small all-gather of op code, dtype and counts); throws a
-  // td::Error listing every rank's values when they differ. Backends call it when
-  // options().check_consistency.
-  virtual void check_consistency(const char* op, DType dtype, int64_t count) = 0;
+  // Cross-rank consistency check (a small all-gather of op code, dtype, count and `aux`: the
+  // reduce op or the root); throws a td::Error listing every rank's values when they differ, on
+  // every rank alike. Backends call it when options().check_consistency.
+  virtual void check_consistency(const char* op, DType dtype, int64_t count, int64_t aux = 0) = 0;
 
  private:
   int rank_;
@@ -133,5 +140,11 @@ void finalize();
 // Ends every rank of the job with `code` (MPI_Abort): used after an error that left the
 // communicators in an unknown state (a timeout, a peer that died).
 [[noreturn]] void abort_world(int code);
+
+// A NCCL communicator over the same ranks as `mpi_comm` (collective over it: rank 0 creates
+// NCCL's unique id and broadcasts it), on CUDA device `device`, for CUDA tensors. Collectives
+// run on a communication stream ordered after the compute stream (Note [NCCL streams] in
+// src/distributed/nccl_communicator.cpp). td::Error in a build without CUDA.
+CommPtr nccl_communicator(const CommPtr& mpi_comm, int device, CommOptions options = {});
 
 }  // namespace td::distributed

@@ -1,0 +1,54 @@
+#pragma once
+// Autograd collectives: the communication steps of tensor, sequence and context parallelism as
+// differentiable functions whose backward is the dual collective (Megatron-core's
+// tensor_parallel/mappings.py). Parallel layers are built only from these.
+//
+//   function                      forward                          backward
+//   copy_to_region                identity                         all_reduce
+//   reduce_from_region            all_reduce                       identity
+//   scatter_to_region(dim=-1)     keep own chunk along dim         all_gather along dim
+//   gather_from_region(dim=-1)    all_gather along dim             keep own chunk along dim
+//   reduce_scatter_to_sequence(0) reduce_scatter along dim         all_gather along dim
+//   gather_from_sequence(0)       all_gather along dim             reduce_scatter along dim
+//                                                                  (or keep own chunk when
+//                                                                  tp_output_grad is false)
+//
+// Contract: every rank of `comm` calls the same functions in the same order with the same
+// shapes, dtypes and requires_grad, so the backward collectives line up as well (the autograd
+// engine visits the same graph in the same order on each rank). Chunks are equal: the split
+// dim's size (or, for gathers, each rank's size) must be divisible as stated. Rank i owns chunk
+// i. A group of size 1 makes every function the identity. Double backward is not supported.
+//
+// Note [Gathers along an inner dim]: the communicator's collectives are flat (rank i's data at
+// [i * n, (i + 1) * n)); gathering along dim d > 0 receives [size, ...shape] and moves the
+// rank axis next to d with one copy, and reduce-scatter along d does the inverse before sending.
+#include <cstdint>
+
+#include "tardelli/core/tensor.h"
+#include "tardelli/distributed/communicator.h"
+
+namespace td::distributed {
+
+Tensor copy_to_region(const Tensor& x, const CommPtr& comm);
+Tensor reduce_from_region(const Tensor& x, const CommPtr& comm);
+// x.size(dim) must be divisible by comm->size().
+Tensor scatter_to_region(const Tensor& x, const CommPtr& comm, int64_t dim = -1);
+Tensor gather_from_region(const Tensor& x, const CommPtr& comm, int64_t dim = -1);
+// x.size(dim) must be divisible by comm->size().
+Tensor reduce_scatter_to_sequence(const Tensor& x, const CommPtr& comm, int64_t dim = 0);
+// tp_output_grad = false is Megatron's tensor_parallel_output_grad=False: the consumer of the
+// gathered tensor is replicated, so each rank's gradient is already the full one and backward
+// only keeps its own chunk.
+Tensor gather_from_sequence(const Tensor& x, const CommPtr& comm, int64_t dim = 0,
+                            bool tp_output_grad = true);
+
+// The same collectives without autograd, on detached copies (never in place on `x`): the
+// building blocks above, usable directly on gradients or buffers.
+Tensor all_reduce_copy(const Tensor& x, const CommPtr& comm, ReduceOp op = ReduceOp::Sum);
+Tensor all_gather_along(const Tensor& x, const CommPtr& comm, int64_t dim);
+Tensor reduce_scatter_along(const Tensor& x, const CommPtr& comm, int64_t dim,
+                            ReduceOp op = ReduceOp::Sum);
+// This rank's chunk along dim (a contiguous copy).
+Tensor chunk_along(const Tensor& x, const CommPtr& comm, int64_t dim);
+
+}  // namespace td::distributed

@@ -1,0 +1,96 @@
+#pragma once
+// td::distributed::DistributedOptimizer: ZeRO-1 AdamW over a DistributedDataParallel in
+// reduce_scatter mode (Megatron-core's DistributedOptimizer, in our own code).
+//
+// Each rank owns a contiguous 1/dp shard of every gradient bucket: elements
+// [rank*S, (rank+1)*S) of a bucket of padded size dp*S. After ddp.finish_grad_sync() that shard
+// holds the averaged gradient. For the shard only, the rank keeps fp32 master weights (a copy of
+// its slice of the parameters, so bf16 parameters can be added later) and AdamW's exp_avg and
+// exp_avg_sq: optimizer memory per rank is ~1/dp of the total (optimizer_state_bytes()).
+//
+// A shard may straddle parameters of different groups (weight decay on matrices, none on biases),
+// so it is split into per-parameter pieces, and step() runs the fused td::adamw_step over the
+// pieces of each group with that group's hyperparameters. The updated masters are then
+// all-gathered bucket by bucket (all gathers are started, then waited for in order) and copied
+// into the parameter tensors, so every rank ends the step with identical parameters.
+//
+// Every DDP parameter must belong to exactly one group. The step count is one per optimizer (every
+// parameter has a gradient, a view of its bucket, on every step: it is never None).
+//
+// Note [ZeRO-1 state names]: named_state() returns this rank's shard under keys
+//   "<param>.master[a:b]", "<param>.exp_avg[a:b]", "<param>.exp_avg_sq[a:b]"
+// where [a, b) is the element range of the flattened parameter held by this rank, plus "step"
+// (an int64 one-element tensor). The tensors are shared with the optimizer (like state_dict());
+// load_named_state() copies values in and requires exactly the same keys and sizes (the same
+// dp size and bucket layout). A sharded checkpoint saves each rank's map.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tardelli/distributed/data_parallel.h"
+#include "tardelli/optim/adamw.h"
+
+namespace td::distributed {
+
+class DistributedOptimizer {
+ public:
+  // One contiguous piece of this rank's shard: elements [start, start + numel) of the flattened
+  // parameter ddp.params()[param], at `bucket_offset` in its bucket.
+  struct Piece {
+    size_t param = 0;
+    size_t group = 0;
+    size_t bucket = 0;
+    int64_t start = 0;
+    int64_t numel = 0;
+    int64_t bucket_offset = 0;
+    Tensor master, exp_avg, exp_avg_sq;  // fp32 [numel]
+    Tensor grad;                         // fp32 [numel], a view of the bucket
+  };
+
+  // `groups` hold DDP parameters with optional lr / weight_decay and AdamW option keys "beta1",
+  // "beta2", "eps" (as optim::AdamW); unset values come from `defaults`. The DDP must use
+  // reduce_scatter=true and outlive the optimizer.
+  DistributedOptimizer(DistributedDataParallel& ddp, std::vector<optim::ParamGroup> groups,
+                       const optim::AdamWOptions& defaults = {});
+
+  // One AdamW update of this rank's shard, then the all-gather of the parameters. Requires
+  // ddp.finish_grad_sync() since the last backward (td::Error otherwise).
+  void step();
+  // ddp.zero_grad(): zeros the gradient buckets in place (gradients are never set to None).
+  void zero_grad();
+
+  // torch.nn.utils.clip_grad_norm_ (norm 2) on the full averaged gradient: the sum of squares of
+  // the shard pieces (double, fixed order) is exchanged over the dp group and summed in rank
+  // order, so every rank gets the same norm; when max_norm / (norm + 1e-6) < 1 the shard's
+  // gradients are scaled by it. Returns the norm before clipping (non-finite: no clipping).
+  double clip_grad_norm(double max_norm);
+  double grad_norm();  // the same norm, no clipping
+
+  void set_lr(double lr);
+  std::vector<optim::ParamGroup>& param_groups() { return groups_; }
+  const std::vector<optim::ParamGroup>& param_groups() const { return groups_; }
+
+  // Bytes of this rank's master weights and both moments.
+  int64_t optimizer_state_bytes() const;
+  int64_t step_count() const { return step_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+
+  // Note [ZeRO-1 state names].
+  std::map<std::string, Tensor> named_state() const;
+  void load_named_state(const std::map<std::string, Tensor>& state);
+  // Re-copies the masters from the parameters (after parameters were loaded from elsewhere).
+  void sync_master_from_params();
+
+ private:
+  double local_sum_of_squares() const;
+
+  DistributedDataParallel& ddp_;
+  std::vector<optim::ParamGroup> groups_;
+  std::vector<Piece> pieces_;
+  std::vector<Tensor> shard_in_;  // per bucket: this rank's updated shard [shard_numel]
+  std::vector<Tensor> gathered_;  // per bucket: all ranks' shards [padded_numel]
+  int64_t step_ = 0;
+};
+
+}  // namespace td::distributed

@@ -1,0 +1,196 @@
+"""Data parallelism: bucketed, overlapped gradient averaging (DDP) and the ZeRO-1 optimizer.
+
+    import tardelli as td
+    import tardelli.distributed as dist
+
+    dist.init()
+    model = td.models.GPT(cfg)
+    ddp = dist.DistributedDataParallel(model, bucket_mb=40, zero=True)
+    opt = dist.DistributedOptimizer(ddp, model.param_groups(0.1), lr=3e-4, betas=(0.9, 0.95))
+    for step in range(steps):
+        opt.zero_grad()                      # zeros the gradient buckets in place
+        for m, (x, y) in enumerate(micro_batches):
+            with ddp.no_sync(m < len(micro_batches) - 1):   # communicate on the last only
+                (model(x, y) / len(micro_batches)).backward()
+        ddp.finish_grad_sync()               # after the last backward, before clipping
+        opt.clip_grad_norm(1.0)
+        opt.step()
+
+Without ZeRO (zero=False) use any optimizer on the full parameters after finish_grad_sync(),
+e.g. td.optim.AdamW, but zero gradients with ddp.zero_grad() (or zero_grad(set_to_none=False)):
+every .grad is a view of a bucket and must never be set to None. The C++ classes
+(include/tardelli/distributed/data_parallel.h, distributed_optimizer.h) hold the behaviour;
+this module only adapts arguments.
+"""
+import contextlib
+
+from .. import _C
+
+_D = _C.distributed
+
+
+def _default_group(group):
+    if group is not None:
+        return group
+    from . import world  # the default group set by td.distributed.init()
+    return world()
+
+
+def _named_params(obj):
+    if hasattr(obj, "named_parameters"):
+        return [(n, p) for n, p in obj.named_parameters()]
+    if isinstance(obj, dict):
+        return list(obj.items())
+    items = list(obj)
+    if not all(isinstance(x, tuple) and len(x) == 2 for x in items):
+        raise TypeError("DistributedDataParallel: expected a module, a dict of named parameters "
+                        "or a list of (name, tensor) pairs")
+    return items
+
+
+class DistributedDataParallel:
+    """Averages gradients over `group` (default: the world) in buckets of `bucket_mb` MB
+    (10**6 bytes of fp32 gradient), launched during backward as soon as each is ready.
+
+    module_or_params: a td.nn.Module (e.g. td.models.GPT), a dict name -> parameter or a list
+    of (name, parameter) pairs, in registration order (the same on every rank). zero=True
+    selects ZeRO-1 (reduce-scatter; use DistributedOptimizer). Calling the wrapper calls the
+    module.
+    """
+
+    def __init__(self, module_or_params, group=None, bucket_mb=40, zero=False, overlap=True,
+                 average=True):
+        if bucket_mb <= 0:
+            raise _C.TardelliError(f"DistributedDataParallel: bucket_mb must be > 0, got {bucket_mb}")
+        self.module = module_or_params if hasattr(module_or_params, "named_parameters") else None
+        self.group = _default_group(group)
+        self.zero = bool(zero)
+        self._cpp = _D.DistributedDataParallel(
+            _named_params(module_or_params), self.group, max(1, int(round(bucket_mb * 1e6))),
+            bool(overlap), self.zero, bool(average))
+
+    def __call__(self, *args, **kwargs):
+        if self.module is None:
+            raise TypeError("DistributedDataParallel was built from parameters, not a module")
+        return self.module(*args, **kwargs)
+
+    def set_last_microbatch(self, last):
+        """False: backward only accumulates (no communication); True: buckets reduce in backward."""
+        self._cpp.set_last_microbatch(bool(last))
+
+    @property
+    def is_last_microbatch(self):
+        return self._cpp.is_last_microbatch()
+
+    @property
+    def overlap(self):
+        """Whether buckets are reduced during backward (settable between steps)."""
+        return self._cpp.overlap()
+
+    @overlap.setter
+    def overlap(self, on):
+        self._cpp.set_overlap(bool(on))
+
+    @contextlib.contextmanager
+    def no_sync(self, enabled=True):
+        """Within the scope backward only accumulates gradients (torch's DDP.no_sync)."""
+        prev = self._cpp.is_last_microbatch()
+        self._cpp.set_last_microbatch(not enabled)
+        try:
+            yield
+        finally:
+            self._cpp.set_last_microbatch(prev)
+
+    def finish_grad_sync(self):
+        """Waits for every bucket (launching those not yet launched); then every gradient is
+        the mean over the group (ZeRO-1: this rank's shard of it)."""
+        self._cpp.finish_grad_sync()
+
+    def zero_grad(self, set_to_none=False):
+        if set_to_none:
+            raise _C.TardelliError("DistributedDataParallel.zero_grad: gradients are views of "
+                                   "the buckets and cannot be set to None")
+        self._cpp.zero_grad()
+
+    @property
+    def num_buckets(self):
+        return self._cpp.num_buckets
+
+    def bucket_param_names(self):
+        return self._cpp.bucket_param_names()
+
+    def num_collectives(self):
+        return self._cpp.num_collectives()
+
+    def last_wait_seconds(self):
+        """Seconds the last finish_grad_sync() waited: communication not hidden by backward."""
+        return self._cpp.last_wait_seconds()
+
+
+class DistributedOptimizer:
+    """ZeRO-1 AdamW: each rank keeps fp32 master weights and moments for its 1/dp shard only.
+
+    param_groups: torch-style dicts ({"params": [...], "weight_decay": 0.1, "lr": ...}) or a
+    list of tensors; every parameter of the DDP must appear in exactly one group.
+    `self.param_groups[i]["lr"]` (and "weight_decay") may be changed between steps.
+    """
+
+    def __init__(self, ddp, param_groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=1e-2):
+        if not isinstance(ddp, DistributedDataParallel):
+            raise TypeError("DistributedOptimizer: expected a td.distributed.DistributedDataParallel")
+        if not ddp.zero:
+            raise _C.TardelliError("DistributedOptimizer: the DistributedDataParallel must be "
+                                   "built with zero=True")
+        groups = list(param_groups)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.ddp = ddp
+        self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        self.param_groups = []
+        specs = []
+        for g in groups:
+            g = dict(g)
+            g["params"] = list(g["params"])
+            for k, v in self.defaults.items():
+                g.setdefault(k, v)
+            b1, b2 = g["betas"]
+            specs.append((g["params"], float(g["lr"]), float(g["weight_decay"]),
+                          {"beta1": float(b1), "beta2": float(b2), "eps": float(g["eps"])}))
+            self.param_groups.append(g)
+        self._cpp = _D.DistributedOptimizer(ddp._cpp, specs, float(lr), float(betas[0]),
+                                            float(betas[1]), float(eps), float(weight_decay))
+
+    def _push_hyperparameters(self):
+        for i, g in enumerate(self.param_groups):
+            self._cpp.set_group_hyperparameters(i, float(g["lr"]), float(g["weight_decay"]))
+
+    def step(self):
+        """AdamW on this rank's shard, then the all-gather of the parameters. Call after
+        ddp.finish_grad_sync()."""
+        self._push_hyperparameters()
+        self._cpp.step()
+
+    def zero_grad(self, set_to_none=False):
+        self.ddp.zero_grad(set_to_none)
+
+    def clip_grad_norm(self, max_norm):
+        """torch.nn.utils.clip_grad_norm_ on the full averaged gradient; returns the norm."""
+        return self._cpp.clip_grad_norm(float(max_norm))
+
+    def grad_norm(self):
+        return self._cpp.grad_norm()
+
+    def optimizer_state_bytes(self):
+        """Bytes of this rank's master weights and moments (~ 12 * numel / dp)."""
+        return self._cpp.optimizer_state_bytes()
+
+    def state_dict(self):
+        """This rank's shard: "<param>.{master,exp_avg,exp_avg_sq}[a:b]" -> tensor, and "step"."""
+        return dict(self._cpp.named_state())
+
+    def load_state_dict(self, state):
+        self._cpp.load_named_state(dict(state))
+
+
+__all__ = ["DistributedDataParallel", "DistributedOptimizer"]

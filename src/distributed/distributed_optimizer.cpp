@@ -1,0 +1,290 @@
+#include "tardelli/distributed/distributed_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "ops/cpu/loops.h"
+#include "tardelli/autograd/grad_mode.h"
+#include "tardelli/ops/adamw.h"
+#include "tardelli/ops/copy.h"
+#include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
+
+namespace td::distributed {
+
+namespace {
+
+const char* const kOptionKeys[] = {"beta1", "beta2", "eps"};
+
+std::string range_key(const std::string& name, const char* what, int64_t a, int64_t b) {
+  return detail::str_cat(name, ".", what, "[", a, ":", b, "]");
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
+                                           std::vector<optim::ParamGroup> groups,
+                                           const optim::AdamWOptions& defaults)
+    : ddp_(ddp), groups_(std::move(groups)) {
+  TD_CHECK(ddp.options().reduce_scatter,
+           "DistributedOptimizer: the DistributedDataParallel must "
+           "be built with reduce_scatter=true (ZeRO-1 reduces each bucket to its shard owner)");
+  TD_CHECK(!groups_.empty(), "DistributedOptimizer: no parameter groups");
+  const auto& params = ddp.params();
+  std::vector<int64_t> group_of(params.size(), -1);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto& grp = groups_[g];
+    if (!grp.lr) grp.lr = defaults.lr;
+    if (!grp.weight_decay) grp.weight_decay = defaults.weight_decay;
+    for (const auto& [k, v] : grp.options) {
+      TD_CHECK(std::find_if(std::begin(kOptionKeys), std::end(kOptionKeys),
+                            [&](const char* o) { return k == o; }) != std::end(kOptionKeys),
+               "DistributedOptimizer: unknown option '", k, "' in group ", g,
+               " (AdamW knows beta1, beta2, eps)");
+    }
+    grp.options.try_emplace("beta1", defaults.beta1);
+    grp.options.try_emplace("beta2", defaults.beta2);
+    grp.options.try_emplace("eps", defaults.eps);
+    const double b1 = grp.option("beta1"), b2 = grp.option("beta2");
+    TD_CHECK(*grp.lr >= 0, "DistributedOptimizer: invalid learning rate ", *grp.lr);
+    TD_CHECK(*grp.weight_decay >= 0, "DistributedOptimizer: invalid weight_decay ",
+             *grp.weight_decay);
+    TD_CHECK(grp.option("eps") >= 0, "DistributedOptimizer: invalid epsilon ", grp.option("eps"));
+    TD_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "DistributedOptimizer: invalid betas (", b1,
+             ", ", b2, "), each must be in [0, 1)");
+    for (const Tensor& p : grp.params) {
+      const int64_t i = ddp.find_param(p);
+      TD_CHECK(i >= 0, "DistributedOptimizer: group ", g, " holds a tensor ",
+               p.defined() ? describe(p) : std::string("(undefined)"),
+               " that is not a parameter of the DistributedDataParallel");
+      TD_CHECK(group_of[i] < 0, "DistributedOptimizer: parameter '", params[i].name,
+               "' appears in more than one group (", group_of[i], " and ", g, ")");
+      group_of[i] = static_cast<int64_t>(g);
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    TD_CHECK(group_of[i] >= 0, "DistributedOptimizer: parameter '", params[i].name,
+             "' is in no group; every DDP parameter must belong to exactly one group");
+  }
+
+  // This rank's shard of each bucket, cut at parameter boundaries.
+  autograd::NoGradGuard no_grad;
+  const int64_t r = ddp.comm()->rank();
+  const auto& buckets = ddp.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Bucket& bk = buckets[b];
+    const int64_t lo = r * bk.shard_numel, hi = lo + bk.shard_numel;
+    for (size_t i : bk.params) {
+      const BucketParam& p = params[i];
+      const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (a >= e) continue;
+      Piece pc;
+      pc.param = i;
+      pc.group = static_cast<size_t>(group_of[i]);
+      pc.bucket = b;
+      pc.start = a - p.offset;
+      pc.numel = e - a;
+      pc.bucket_offset = a;
+      pc.master = p.param.reshape({-1}).narrow(0, pc.start, pc.numel).to(DType::Float32).clone();
+      pc.exp_avg = zeros({pc.numel});
+      pc.exp_avg_sq = zeros({pc.numel});
+      pc.grad = bk.buffer.narrow(0, a, pc.numel);
+      pieces_.push_back(std::move(pc));
+    }
+    shard_in_.push_back(zeros({bk.shard_numel}));
+    gathered_.push_back(zeros({bk.padded_numel}));
+  }
+  // Pieces in bucket order, and within a bucket in offset order: sorted for the norm's order.
+  std::sort(pieces_.begin(), pieces_.end(), [](const Piece& x, const Piece& y) {
+    return x.bucket != y.bucket ? x.bucket < y.bucket : x.bucket_offset < y.bucket_offset;
+  });
+}
+
+void DistributedOptimizer::step() {
+  TD_CHECK(ddp_.grads_synced(),
+           "DistributedOptimizer.step: the gradients are not synchronized; "
+           "call ddp.finish_grad_sync() after the last backward");
+  autograd::NoGradGuard no_grad;
+  ++step_;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& grp = groups_[g];
+    TensorList ps, gs, ms, vs;
+    for (auto& pc : pieces_) {
+      if (pc.group != g) continue;
+      ps.push_back(pc.master);
+      gs.push_back(pc.grad);
+      ms.push_back(pc.exp_avg);
+      vs.push_back(pc.exp_avg_sq);
+    }
+    if (ps.empty()) continue;
+    AdamWConfig cfg;
+    cfg.lr = *grp.lr;
+    cfg.weight_decay = *grp.weight_decay;
+    cfg.beta1 = grp.option("beta1");
+    cfg.beta2 = grp.option("beta2");
+    cfg.eps = grp.option("eps");
+    cfg.step = step_;
+    adamw_step(ps, gs, ms, vs, cfg);
+  }
+
+  // Note [Parameter all-gather]: every bucket's gather is started before any is waited for, so
+  // the transfers of later buckets overlap the copies of earlier ones (and could overlap the
+  // next forward once parameters are views of the gather buffers, as in Megatron).
+  const auto& buckets = ddp_.buckets();
+  const auto& params = ddp_.params();
+  const int64_t r = ddp_.comm()->rank();
+  for (const auto& pc : pieces_) {
+    const int64_t lo = r * buckets[pc.bucket].shard_numel;
+    copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
+  }
+  std::vector<WorkPtr> work(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    work[b] = ddp_.comm()->all_gather(gathered_[b], shard_in_[b], /*async_op=*/true);
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    work[b]->wait();
+    for (size_t i : buckets[b].params) {
+      const BucketParam& p = params[i];
+      Tensor dst = p.param.detach();
+      copy_into(dst, gathered_[b].narrow(0, p.offset, p.numel).view(p.param.sizes()));
+    }
+  }
+}
+
+void DistributedOptimizer::zero_grad() {
+  ddp_.zero_grad();
+}
+
+double DistributedOptimizer::local_sum_of_squares() const {
+  // Note [Deterministic grad norm] (src/optim/clip_grad.cpp): fixed chunks, combined in order.
+  struct Chunk {
+    size_t k;
+    int64_t b, e;
+  };
+  constexpr int64_t kChunk = 16384;
+  std::vector<Chunk> chunks;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    for (int64_t b = 0; b < pieces_[k].numel; b += kChunk) {
+      chunks.push_back({k, b, std::min(pieces_[k].numel, b + kChunk)});
+    }
+  }
+  std::vector<double> partial(chunks.size(), 0.0);
+  cpu::parallel_for(static_cast<int64_t>(chunks.size()), 2, [&](int64_t b, int64_t e) {
+    for (int64_t ci = b; ci < e; ++ci) {
+      const Chunk& ch = chunks[ci];
+      const float* g = pieces_[ch.k].grad.data_ptr<float>();
+      double acc = 0;
+      for (int64_t i = ch.b; i < ch.e; ++i) acc += static_cast<double>(g[i]) * g[i];
+      partial[ci] = acc;
+    }
+  });
+  double acc = 0;
+  for (double x : partial) acc += x;
+  return acc;
+}
+
+double DistributedOptimizer::grad_norm() {
+  TD_CHECK(ddp_.grads_synced(),
+           "DistributedOptimizer.grad_norm: the gradients are not "
+           "synchronized; call ddp.finish_grad_sync() after the last backward");
+  // Note [Norm exchange]: there is no float64 dtype to all_reduce, and an fp32 sum would lose
+  // digits; each rank's double is all-gathered bit for bit (as int64) and summed in rank order,
+  // so every rank computes the same norm from the same numbers.
+  const double local = local_sum_of_squares();
+  const auto& comm = ddp_.comm();
+  Tensor in = empty({1}, {DType::Int64});
+  std::memcpy(in.data_ptr<int64_t>(), &local, sizeof(double));
+  Tensor all = empty({comm->size()}, {DType::Int64});
+  comm->all_gather(all, in);
+  double total = 0;
+  for (int64_t r = 0; r < comm->size(); ++r) {
+    double x;
+    std::memcpy(&x, all.data_ptr<int64_t>() + r, sizeof(double));
+    total += x;
+  }
+  return std::sqrt(total);
+}
+
+double DistributedOptimizer::clip_grad_norm(double max_norm) {
+  TD_CHECK(max_norm >= 0, "DistributedOptimizer.clip_grad_norm: max_norm must be >= 0, got ",
+           max_norm);
+  const double total = grad_norm();
+  if (!std::isfinite(total)) return total;
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    autograd::NoGradGuard no_grad;
+    for (auto& pc : pieces_) mul_(pc.grad, coef);
+  }
+  return total;
+}
+
+void DistributedOptimizer::set_lr(double lr) {
+  TD_CHECK(lr >= 0, "DistributedOptimizer.set_lr: invalid learning rate ", lr);
+  for (auto& g : groups_) g.lr = lr;
+}
+
+int64_t DistributedOptimizer::optimizer_state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& pc : pieces_) {
+    bytes +=
+        static_cast<int64_t>(pc.master.nbytes() + pc.exp_avg.nbytes() + pc.exp_avg_sq.nbytes());
+  }
+  return bytes;
+}
+
+std::map<std::string, Tensor> DistributedOptimizer::named_state() const {
+  std::map<std::string, Tensor> out;
+  const auto& params = ddp_.params();
+  for (const auto& pc : pieces_) {
+    const std::string& n = params[pc.param].name;
+    const int64_t a = pc.start, b = pc.start + pc.numel;
+    out[range_key(n, "master", a, b)] = pc.master;
+    out[range_key(n, "exp_avg", a, b)] = pc.exp_avg;
+    out[range_key(n, "exp_avg_sq", a, b)] = pc.exp_avg_sq;
+  }
+  out["step"] = full({1}, static_cast<double>(step_), {DType::Int64});
+  return out;
+}
+
+void DistributedOptimizer::load_named_state(const std::map<std::string, Tensor>& state) {
+  const auto mine = named_state();
+  std::set<std::string> missing, unexpected;
+  for (const auto& [k, v] : mine) {
+    if (!state.count(k)) missing.insert(k);
+  }
+  for (const auto& [k, v] : state) {
+    if (!mine.count(k)) unexpected.insert(k);
+  }
+  auto join = [](const std::set<std::string>& s) {
+    std::string r;
+    for (const auto& k : s) r += (r.empty() ? "" : ", ") + k;
+    return r.empty() ? std::string("none") : r;
+  };
+  TD_CHECK(missing.empty() && unexpected.empty(),
+           "DistributedOptimizer.load_named_state: the "
+           "keys differ from this rank's shard (same dp size and bucket layout needed). Missing: ",
+           join(missing), ". Unexpected: ", join(unexpected), ".");
+  for (const auto& [k, dst] : mine) {
+    const Tensor& src = state.at(k);
+    TD_CHECK(src.numel() == dst.numel(), "DistributedOptimizer.load_named_state: '", k, "' has ",
+             src.numel(), " elements, expected ", dst.numel());
+  }
+  autograd::NoGradGuard no_grad;
+  for (const auto& [k, dst] : mine) {
+    if (k == "step") continue;
+    copy_into(dst, state.at(k).reshape({-1}));
+  }
+  step_ = static_cast<int64_t>(std::llround(state.at("step").item_double()));
+}
+
+void DistributedOptimizer::sync_master_from_params() {
+  autograd::NoGradGuard no_grad;
+  const auto& params = ddp_.params();
+  for (auto& pc : pieces_) {
+    copy_into(pc.master, params[pc.param].param.reshape({-1}).narrow(0, pc.start, pc.numel));
+  }
+}
+
+}  // namespace td::distributed

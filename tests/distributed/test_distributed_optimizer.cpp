@@ -1,0 +1,202 @@
+// td::distributed::DistributedOptimizer (ZeRO-1 AdamW), run under mpirun at 2 and 4 ranks.
+//
+// The reference is single-process training on the whole global batch with td::optim::AdamW and
+// td::optim::clip_grad_norm_, computed on every rank. Tolerances: Note [DP tolerance] in
+// data_parallel_test_util.h.
+#include <gtest/gtest.h>
+
+#include "data_parallel_test_util.h"
+#include "tardelli/distributed/distributed_optimizer.h"
+#include "tardelli/ops/copy.h"
+#include "tardelli/ops/elementwise.h"
+
+namespace td::distributed {
+namespace {
+
+using dp_test::Batch;
+using dp_test::expect_close;
+using dp_test::global_batch;
+using dp_test::tiny_gpt;
+using dp_test::world;
+
+constexpr int64_t kRowsPerRank = 2;
+
+int64_t total_numel(const models::GPT& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// Property: 5 ZeRO-1 steps (clip_grad_norm that bites, then AdamW with weight decay on matrices
+// only) give the same losses, grad norms and parameters as 5 single-process steps on the full
+// batch, with tiny buckets (shards straddle parameters of both groups) and with one bucket; every
+// rank ends each step with bitwise identical parameters (they come from one all-gather).
+TEST(ZeRO1, FiveStepsMatchSingleProcess) {
+  CommPtr comm = world();
+  const int r = comm->rank(), n = comm->size();
+  for (int64_t bucket_bytes : {int64_t{4096}, int64_t{40'000'000}}) {
+    auto ref = tiny_gpt(models::Arch::Llama);
+    auto model = tiny_gpt(models::Arch::Llama);
+    optim::AdamWOptions ao;
+    ao.lr = 3e-3;
+    optim::AdamW ref_opt(dp_test::adamw_groups(*ref, 0.1), ao);
+    DistributedDataParallel ddp(model->named_parameters(), comm,
+                                {bucket_bytes, true, /*reduce_scatter=*/true, true});
+    DistributedOptimizer opt(ddp, dp_test::adamw_groups(*model, 0.1), ao);
+    // Some shard piece must straddle: pieces of both groups in one bucket.
+    for (int step = 0; step < 5; ++step) {
+      Batch global = global_batch(kRowsPerRank * n, 20 + step);
+      ref_opt.zero_grad(true);
+      Tensor ref_loss = ref->forward(global.idx, global.targets);
+      ref_loss.backward();
+      const double ref_norm = optim::clip_grad_norm_(ref->parameters(), 0.5);
+      ref_opt.step();
+
+      opt.zero_grad();
+      Batch local = global.rows(r * kRowsPerRank, kRowsPerRank);
+      Tensor loss = model->forward(local.idx, local.targets);
+      loss.backward();
+      ddp.finish_grad_sync();
+      const double norm = opt.clip_grad_norm(0.5);
+      opt.step();
+
+      Tensor l = loss.detach().clone().reshape({1});
+      comm->all_reduce(l, ReduceOp::Avg);
+      EXPECT_NEAR(l.item_double(), ref_loss.item_double(), 1e-5 * ref_loss.item_double())
+          << "step " << step << " bucket_bytes " << bucket_bytes;
+      EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << step;
+      EXPECT_GT(ref_norm, 0.5) << "clipping should be active";
+    }
+    EXPECT_EQ(opt.step_count(), 5);
+    auto ref_params = ref->named_parameters();
+    auto params = model->named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      expect_close(params[i].second, ref_params[i].second, params[i].first);
+      Tensor hi = params[i].second.detach().clone(), lo = hi.clone();
+      comm->all_reduce(hi, ReduceOp::Max);
+      comm->all_reduce(lo, ReduceOp::Min);
+      EXPECT_EQ(to_vector<float>(hi), to_vector<float>(lo)) << params[i].first << " differs";
+    }
+  }
+}
+
+// Property: the shards partition the parameters: summed over ranks the optimizer state is
+// exactly 12 bytes (master + exp_avg + exp_avg_sq, fp32) per parameter element, and each rank
+// holds at most its buckets' shard sizes, i.e. total / dp up to the padding of each bucket.
+TEST(ZeRO1, StateBytesAreOneOverDp) {
+  CommPtr comm = world();
+  const int n = comm->size();
+  auto model = tiny_gpt();
+  DistributedDataParallel ddp(model->named_parameters(), comm, {8192, true, true, true});
+  DistributedOptimizer opt(ddp, dp_test::adamw_groups(*model, 0.1));
+  const int64_t total = total_numel(*model);
+  const int64_t mine = opt.optimizer_state_bytes();
+  Tensor all = full({1}, static_cast<double>(mine), {DType::Int64});
+  comm->all_reduce(all, ReduceOp::Sum);
+  EXPECT_EQ(all.item<int64_t>(), 12 * total);
+  int64_t shard = 0, padding = 0;
+  for (const auto& bk : ddp.buckets()) {
+    shard += bk.shard_numel;
+    padding += bk.padded_numel - bk.numel;
+  }
+  EXPECT_LE(mine, 12 * shard);
+  EXPECT_GE(mine, 12 * (shard - padding));
+  EXPECT_LE(std::abs(static_cast<double>(mine) - 12.0 * total / n), 12.0 * padding + 12.0);
+}
+
+// Property: named_state() round-trips: loading a saved shard state into a fresh optimizer over
+// a model with the same parameters makes the next step identical, bit for bit, to the original
+// optimizer's; keys name the parameter element ranges; mismatched keys are a td::Error.
+TEST(ZeRO1, NamedStateRoundTrip) {
+  CommPtr comm = world();
+  const int r = comm->rank(), n = comm->size();
+  auto run_step = [&](models::GPT& m, DistributedDataParallel& ddp, DistributedOptimizer& opt,
+                      int64_t seed) {
+    opt.zero_grad();
+    Batch b = global_batch(kRowsPerRank * n, seed).rows(r * kRowsPerRank, kRowsPerRank);
+    m.forward(b.idx, b.targets).backward();
+    ddp.finish_grad_sync();
+    opt.step();
+  };
+  auto a = tiny_gpt();
+  DistributedDataParallel ddp_a(a->named_parameters(), comm, {8192, true, true, true});
+  DistributedOptimizer opt_a(ddp_a, dp_test::adamw_groups(*a, 0.1));
+  run_step(*a, ddp_a, opt_a, 30);
+  run_step(*a, ddp_a, opt_a, 31);
+  std::map<std::string, Tensor> saved;
+  for (const auto& [k, v] : opt_a.named_state()) saved[k] = v.clone();
+  EXPECT_EQ(saved.at("step").item<int64_t>(), 2);
+  for (const auto& [k, v] : saved) {
+    if (k == "step") continue;
+    EXPECT_TRUE(k.find(".master[") != std::string::npos ||
+                k.find(".exp_avg[") != std::string::npos ||
+                k.find(".exp_avg_sq[") != std::string::npos)
+        << k;
+  }
+
+  auto b = tiny_gpt();
+  b->load_state_dict(a->state_dict());
+  DistributedDataParallel ddp_b(b->named_parameters(), comm, {8192, true, true, true});
+  DistributedOptimizer opt_b(ddp_b, dp_test::adamw_groups(*b, 0.1));
+  opt_b.load_named_state(saved);
+  EXPECT_EQ(opt_b.step_count(), 2);
+  run_step(*a, ddp_a, opt_a, 32);
+  run_step(*b, ddp_b, opt_b, 32);
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(to_vector<float>(pa[i].second), to_vector<float>(pb[i].second)) << pa[i].first;
+  }
+
+  std::map<std::string, Tensor> bad = saved;
+  bad.erase(bad.begin());
+  bad["nonsense"] = zeros({1});
+  try {
+    opt_b.load_named_state(bad);
+    FAIL() << "expected a td::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Unexpected: nonsense"), std::string::npos) << e.what();
+  }
+}
+
+// Property: misuse is a td::Error with a clear message: a DDP without reduce_scatter, a
+// parameter in no group or in two, a foreign tensor, and step() before finish_grad_sync().
+TEST(ZeRO1, Misuse) {
+  CommPtr comm = world();
+  auto model = tiny_gpt();
+  auto msg = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  DistributedDataParallel plain(model->named_parameters(), comm, {8192, true, false, true});
+  EXPECT_NE(msg([&] {
+              DistributedOptimizer o(plain, dp_test::adamw_groups(*model, 0.1));
+            }).find("reduce_scatter=true"),
+            std::string::npos);
+
+  auto m2 = tiny_gpt();
+  DistributedDataParallel ddp(m2->named_parameters(), comm, {8192, true, true, true});
+  auto groups = dp_test::adamw_groups(*m2, 0.1);
+  auto missing = groups;
+  missing[1].params.pop_back();
+  EXPECT_NE(msg([&] { DistributedOptimizer o(ddp, missing); }).find("is in no group"),
+            std::string::npos);
+  auto twice = groups;
+  twice[1].params.push_back(twice[0].params[0]);
+  EXPECT_NE(msg([&] { DistributedOptimizer o(ddp, twice); }).find("more than one group"),
+            std::string::npos);
+  auto foreign = groups;
+  foreign[0].params.push_back(zeros({2}));
+  EXPECT_NE(msg([&] {
+              DistributedOptimizer o(ddp, foreign);
+            }).find("not a parameter of the DistributedDataParallel"),
+            std::string::npos);
+  DistributedOptimizer opt(ddp, groups);
+  EXPECT_NE(msg([&] { opt.step(); }).find("call ddp.finish_grad_sync()"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace td::distributed
