@@ -75,5 +75,9 @@ void init_join(py::module_& m, TensorClass& cls);
 void init_dropout(py::module_& m, TensorClass& cls);
 void init_models(py::module_& m, TensorClass& cls);
 void init_hf(py::module_& m, TensorClass& cls);  // after init_models
+void init_data(py::module_& m, TensorClass& cls);
+void init_checkpoint(py::module_& m, TensorClass& cls);  // after init_models
+void init_distributed(py::module_& m, TensorClass& cls);
+void init_data_parallel(py::module_& m, TensorClass& cls);  // after init_distributed
 
 }  // namespace td::python

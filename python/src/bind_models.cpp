@@ -86,6 +86,9 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
              Generator* gen) { return g.generate(idx, max_new_tokens, temperature, top_k, gen); },
           "idx"_a, "max_new_tokens"_a, "temperature"_a = 1.0, "top_k"_a = 0,
           "generator"_a = nullptr, nogil())
+      .def_property_readonly(
+          "dropout_generator", [](GPT& g) -> Generator& { return g.dropout_generator(); },
+          py::return_value_policy::reference_internal)
       .def("named_parameters", [](const GPT& g) { return named_list(g.named_parameters()); })
       .def("named_module_types",
            [](GPT& g) {

@@ -24,4 +24,8 @@ PYBIND11_MODULE(_C, m) {
   tp::init_dropout(m, cls);
   tp::init_models(m, cls);
   tp::init_hf(m, cls);
+  tp::init_data(m, cls);
+  tp::init_checkpoint(m, cls);
+  tp::init_distributed(m, cls);
+  tp::init_data_parallel(m, cls);
 }

@@ -146,6 +146,25 @@ class GPT(nn.Module):
                  "weight_decay": float(g["weight_decay"])}
                 for g in self._cpp.param_groups(float(weight_decay))]
 
+    @property
+    def dropout_generator(self):
+        """The td.Generator dropout draws from (its state is part of a training checkpoint)."""
+        return self._cpp.dropout_generator
+
+    def flops_per_step(self, batch, seq_len):
+        """Model FLOPs of one training step (forward + backward) on batch x seq_len tokens, the
+        numerator of MFU: 6 x tokens x (parameters of every matrix multiply, the tied head
+        counted once more as a GEMM) + 6 x layers x batch x seq_len^2 x d_model for attention
+        scores and values (forward 2 GEMMs of 2 x T^2 x d each, backward twice that), as in the
+        PaLM/Megatron accounting (causal masking not discounted). Embedding lookups are free."""
+        c = self.config
+        n_mm = sum(p.numel() for n, p in self._cpp.named_parameters()
+                   if p.dim() >= 2 and n not in ("wte.weight", "wpe.weight"))
+        if c.arch == "gpt2":
+            n_mm += c.vocab_size * c.d_model  # the head reuses wte as a GEMM operand
+        tokens = batch * seq_len
+        return 6 * n_mm * tokens + 6 * c.n_layer * batch * seq_len ** 2 * c.d_model
+
     def num_parameters(self):
         return self._cpp.num_parameters()
 

@@ -80,6 +80,11 @@ class GPT : public nn::Module {
   // the rest (biases, norm weights). Each parameter appears once (tied weights included).
   std::vector<ParamGroup> param_groups(double weight_decay) const;
 
+  // The stream dropout draws from (seeded from config.seed). Part of the training state: a
+  // checkpoint saves its (seed, offset, subsequence) so a resumed run drops the same units.
+  Generator& dropout_generator() { return dropout_gen_; }
+  const Generator& dropout_generator() const { return dropout_gen_; }
+
  private:
   struct Layer {
     Tensor ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;

@@ -1,0 +1,223 @@
+"""The training configuration: one flat set of named values, from defaults, then a TOML file
+(`--config`), then command-line flags, each overriding the one before.
+
+A TOML file may group keys in tables ([model], [optim], [data], [train], ...): tables are only
+for readability and are flattened; keys use the flag names with '_' or '-' ("d_model" or
+"d-model"). An unknown key, a value of the wrong type and an inconsistent combination (heads not
+dividing d_model, a global batch that is not a multiple of micro batch x data-parallel size, no
+data source) are rejected with a message naming the key and the value.
+"""
+import argparse
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the CLI prints it and exits with status 2."""
+
+
+@dataclass
+class TrainConfig:
+    # ---- model ----
+    arch: str = field(default="gpt2", metadata=dict(help="gpt2 | llama"))
+    layers: int = field(default=4, metadata=dict(help="transformer blocks"))
+    d_model: int = field(default=256, metadata=dict(help="hidden size"))
+    heads: int = field(default=4, metadata=dict(help="attention heads"))
+    kv_heads: int = field(default=0, metadata=dict(help="key/value heads (0: = heads; llama)"))
+    ffn_hidden: int = field(default=0, metadata=dict(help="MLP hidden size (0: the arch's rule)"))
+    seq_len: int = field(default=256, metadata=dict(help="tokens per sample"))
+    vocab_size: int = field(default=0, metadata=dict(
+        help="vocabulary (0: from the dataset's tokenizer; required with --synthetic-data)"))
+    dropout: float = field(default=0.0, metadata=dict(help="dropout probability"))
+    dtype: str = field(default="fp32", metadata=dict(help="compute dtype: fp32 | bf16 | fp16"))
+    # ---- batch and optimizer ----
+    micro_batch_size: int = field(default=8, metadata=dict(help="samples per forward/backward"))
+    global_batch_size: int = field(default=0, metadata=dict(
+        help="samples per optimizer step (0: micro batch x dp); larger = gradient accumulation"))
+    steps: int = field(default=1000, metadata=dict(help="optimizer steps to train in total"))
+    lr: float = field(default=6e-4, metadata=dict(help="peak learning rate"))
+    min_lr: float = field(default=-1.0, metadata=dict(help="final learning rate (-1: lr / 10)"))
+    warmup_steps: int = field(default=100, metadata=dict(help="linear warmup steps"))
+    lr_decay_style: str = field(default="cosine", metadata=dict(
+        help="cosine | linear | constant"))
+    weight_decay: float = field(default=0.1, metadata=dict(help="AdamW decoupled weight decay"))
+    beta1: float = field(default=0.9, metadata=dict(help="AdamW beta1"))
+    beta2: float = field(default=0.95, metadata=dict(help="AdamW beta2"))
+    eps: float = field(default=1e-8, metadata=dict(help="AdamW epsilon"))
+    clip_grad: float = field(default=1.0, metadata=dict(help="gradient norm clip (0: off)"))
+    seed: int = field(default=1337, metadata=dict(help="initialization, data order, dropout"))
+    # ---- data ----
+    data: str = field(default="", metadata=dict(help="Megatron dataset prefix (PREFIX.idx/.bin)"))
+    split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
+    synthetic_data: bool = field(default=False, metadata=dict(
+        help="random tokens drawn from the seed instead of a dataset"))
+    # ---- evaluation, logging, checkpoints ----
+    eval_interval: int = field(default=100, metadata=dict(help="steps between evaluations (0: off)"))
+    eval_steps: int = field(default=10, metadata=dict(help="validation micro-batches per eval"))
+    log_interval: int = field(default=10, metadata=dict(help="steps between log lines"))
+    save: str = field(default="", metadata=dict(help="checkpoint root directory"))
+    save_interval: int = field(default=0, metadata=dict(
+        help="steps between checkpoints (0: only at the end)"))
+    resume: bool = field(default=False, metadata=dict(
+        help="continue from the latest checkpoint under --save"))
+    metrics_file: str = field(default="", metadata=dict(help="JSON lines, one per step"))
+    exit_interval: int = field(default=0, metadata=dict(
+        help="stop (after saving) once the step count is a multiple of this (0: off)"))
+    progress: bool = field(default=True, metadata=dict(help="show a progress bar"))
+
+    @property
+    def min_lr_value(self):
+        return self.lr / 10 if self.min_lr < 0 else self.min_lr
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+_CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
+            "lr_decay_style": ("cosine", "linear", "constant")}
+
+
+def _coerce(name, value, source):
+    want = _FIELDS[name].type
+    want = {"int": int, "float": float, "str": str, "bool": bool}.get(want, want)
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if want is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if type(value) is not want:
+        raise ConfigError(f"{source}: '{name}' must be {want.__name__}, got {value!r}")
+    return value
+
+
+def load_toml(path):
+    """The flattened key/value pairs of a TOML config file."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML: {e}") from None
+    flat = {}
+
+    def walk(table, where):
+        for k, v in table.items():
+            if isinstance(v, dict):
+                walk(v, f"{where}[{k}]")
+                continue
+            key = k.replace("-", "_")
+            if key not in _FIELDS:
+                raise ConfigError(f"--config {path}: unknown key '{k}' in {where or 'top level'} "
+                                  f"(known: {', '.join(sorted(_FIELDS))})")
+            if key in flat:
+                raise ConfigError(f"--config {path}: key '{k}' is given twice")
+            flat[key] = _coerce(key, v, f"--config {path}")
+
+    walk(doc, "")
+    return flat
+
+
+def build_parser(prog="python -m tardelli.train", extra=None):
+    p = argparse.ArgumentParser(prog=prog, description="Train a GPT (see docs/training.md).")
+    p.add_argument("--config", help="TOML file of defaults; flags override it")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kw = dict(dest=f.name, default=None, help=f.metadata.get("help", ""))
+        if f.type == "bool" or f.type is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+            p.add_argument(flag, type=typ, choices=_CHOICES.get(f.name), metavar=None
+                           if f.name in _CHOICES else f.name.upper(), **kw)
+    if extra:
+        extra(p)
+    return p
+
+
+def parse_config(argv=None, dp_size=1):
+    """(TrainConfig, argparse namespace) from argv; ConfigError on a bad value."""
+    args = build_parser().parse_args(argv)
+    values = {}
+    if args.config:
+        values.update(load_toml(args.config))
+    for name in _FIELDS:
+        v = getattr(args, name)
+        if v is not None:
+            values[name] = v
+    cfg = TrainConfig(**values)
+    validate(cfg, dp_size)
+    return cfg, args
+
+
+def validate(cfg, dp_size=1):
+    """Checks one configuration; raises ConfigError naming the offending key(s)."""
+    def need(cond, msg):
+        if not cond:
+            raise ConfigError(msg)
+
+    for name, choices in _CHOICES.items():
+        v = getattr(cfg, name)
+        need(v in choices, f"--{name.replace('_', '-')}: unknown value {v!r} "
+             f"(choose from {', '.join(choices)})")
+    for name in ("layers", "d_model", "heads", "seq_len", "micro_batch_size", "steps"):
+        need(getattr(cfg, name) > 0, f"--{name.replace('_', '-')} must be > 0, "
+             f"got {getattr(cfg, name)}")
+    for name in ("kv_heads", "ffn_hidden", "vocab_size", "global_batch_size", "warmup_steps",
+                 "eval_interval", "eval_steps", "save_interval", "exit_interval"):
+        need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
+             f"got {getattr(cfg, name)}")
+    need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
+    need(cfg.d_model % cfg.heads == 0,
+         f"--heads {cfg.heads} does not divide --d-model {cfg.d_model}")
+    kv = cfg.kv_heads or cfg.heads
+    need(cfg.heads % kv == 0, f"--kv-heads {kv} does not divide --heads {cfg.heads}")
+    need(cfg.arch == "llama" or kv == cfg.heads,
+         f"--kv-heads {cfg.kv_heads}: grouped-query attention needs --arch llama")
+    need(0.0 <= cfg.dropout < 1.0, f"--dropout must be in [0, 1), got {cfg.dropout}")
+    need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    need(cfg.min_lr_value <= cfg.lr, f"--min-lr {cfg.min_lr} is larger than --lr {cfg.lr}")
+    need(cfg.warmup_steps <= cfg.steps,
+         f"--warmup-steps {cfg.warmup_steps} exceeds --steps {cfg.steps}")
+    need(cfg.weight_decay >= 0, f"--weight-decay must be >= 0, got {cfg.weight_decay}")
+    need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1,
+         f"--beta1/--beta2 must be in [0, 1), got {cfg.beta1}, {cfg.beta2}")
+    need(cfg.clip_grad >= 0, f"--clip-grad must be >= 0, got {cfg.clip_grad}")
+    gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
+    need(gbs % (cfg.micro_batch_size * dp_size) == 0,
+         f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
+         f"{cfg.micro_batch_size} x data-parallel size {dp_size}")
+    need(bool(cfg.data) != cfg.synthetic_data,
+         "give exactly one data source: --data PREFIX or --synthetic-data"
+         if not cfg.data else "--data and --synthetic-data exclude each other")
+    if cfg.synthetic_data:
+        need(cfg.vocab_size > 0, "--synthetic-data needs --vocab-size")
+    else:
+        for ext in (".idx", ".bin"):
+            need(os.path.isfile(cfg.data + ext),
+                 f"--data {cfg.data}: {cfg.data + ext} not found (make it with "
+                 "python -m tardelli.data.preprocess)")
+    try:
+        ratios = [float(x) for x in cfg.split.split(",")]
+    except ValueError:
+        ratios = []
+    need(len(ratios) == 3 and all(r >= 0 for r in ratios) and ratios[0] > 0,
+         f"--split must be three non-negative ratios with train > 0, e.g. 98,1,1; got "
+         f"{cfg.split!r}")
+    need(not cfg.resume or cfg.save, "--resume needs --save DIR (where the checkpoints are)")
+
+
+def accumulation_steps(cfg, dp_size=1):
+    gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
+    return gbs // (cfg.micro_batch_size * dp_size)
+
+
+def split_ratios(cfg):
+    return tuple(float(x) for x in cfg.split.split(","))
+
+
+# What a checkpoint must agree on to be resumed (the model is checked by GPTConfig.diff).
+RESUME_KEYS = ("micro_batch_size", "global_batch_size", "seq_len", "data", "split",
+               "synthetic_data", "seed", "dtype")

@@ -1,0 +1,123 @@
+"""What a training run shows and leaves behind: the progress bar, the log lines, the metrics
+file (one JSON object per step) and the loss-curve PNG."""
+import json
+import math
+import os
+import sys
+
+
+class Progress:
+    """A tqdm bar over optimizer steps when available and wanted; log lines go through it so
+    they do not break the bar."""
+
+    def __init__(self, total, initial, enabled):
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                                 file=sys.stderr, leave=True)
+            except ImportError:
+                pass
+
+    def update(self, loss):
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self._bar.update(1)
+
+    def write(self, line):
+        if self._bar is not None:
+            self._bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+
+
+def format_log_line(rec, steps):
+    line = (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
+            f"grad norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
+            f"mfu {100 * rec['mfu']:.1f}% | mem {rec['mem_bytes'] / 2**20:.0f} MiB")
+    if "val_loss" in rec:
+        line += f" | val loss {rec['val_loss']:.4f}"
+    return line
+
+
+class MetricsFile:
+    """Appends one JSON object per step (flushed, so a crash loses at most the current line).
+    A resumed run drops the lines of steps after the checkpoint it resumed from, so the file
+    always describes one history."""
+
+    def __init__(self, path, resume_step=None):
+        self.path = path
+        if not path:
+            self._f = None
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if resume_step is not None and os.path.exists(path):
+            kept = [r for r in read_metrics(path) if r["step"] <= resume_step]
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                for r in kept:
+                    f.write(json.dumps(r) + "\n")
+            os.replace(tmp, path)
+            self._f = open(path, "a")
+        else:
+            self._f = open(path, "w")
+
+    def write(self, rec):
+        if self._f is not None:
+            self._f.write(json.dumps(rec) + "\n")
+            self._f.flush()
+
+    def close(self):
+        if self._f is not None:
+            self._f.close()
+
+
+def read_metrics(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def plot_loss(records, path, title=""):
+    """Writes the training (and validation) loss against the step as a PNG; returns False when
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    steps = [r["step"] for r in records]
+    loss = [r["loss"] for r in records]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.plot(steps, loss, lw=1, label="train loss")
+    if val:
+        ax.plot(*zip(*val), "o-", lw=1.5, ms=3, label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+def unigram_entropy(counts):
+    """Entropy in nats of a token-frequency table: the loss of the best context-free model."""
+    total = float(sum(counts))
+    return -sum(c / total * math.log(c / total) for c in counts if c > 0)

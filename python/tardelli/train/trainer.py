@@ -1,0 +1,249 @@
+"""The training loop behind `python -m tardelli.train`, written top to bottom:
+
+    config -> data (Megatron-format dataset or synthetic tokens) -> model (td.models.GPT)
+    -> AdamW over the model's decay/no-decay groups -> [resume from the latest checkpoint]
+    -> for each step: lr from the schedule, gradient accumulation over micro-batches, clip,
+       AdamW step; log, evaluate, checkpoint
+    -> final checkpoint, loss-curve PNG, summary JSON line.
+
+Note [Exact resume]: everything a later step depends on is in the checkpoint: parameters,
+AdamW moments and step counts, the schedule's step, the data position (samples consumed: the
+dataset order is a pure function of the seed) and the dropout generator's Philox state. The
+ops are deterministic for a given thread count, so on the CPU in fp32 a resumed run repeats the
+uninterrupted run's losses bitwise (tests/python/test_train.py checks it).
+"""
+import json
+import math
+import os
+import time
+
+import tardelli as td
+
+from . import config as C
+from . import report
+from . import state as ckpt
+
+
+class SyntheticData:
+    """Uniform random tokens, a pure function of (seed, global sample index): sample i is
+    drawn from Philox subsequence i. Batches follow the dataset loader's sampler (a step of
+    micro-batches takes micro_batch x dp_size consecutive samples, rank r its slice), so the
+    data position is just the sample count, as for real data."""
+
+    def __init__(self, vocab_size, seq_len, seed, micro_batch, dp_rank=0, dp_size=1,
+                 consumed_samples=0):
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.micro_batch, self.dp_rank, self.dp_size = micro_batch, dp_rank, dp_size
+        self.consumed_samples = consumed_samples
+
+    def sample(self, i):
+        g = td.Generator(self.seed ^ 0x5EED5EED, i)
+        return td.randint(0, self.vocab_size, (self.seq_len + 1,), generator=g)
+
+    def next(self):
+        first = self.consumed_samples + self.dp_rank * self.micro_batch
+        rows = td.stack([self.sample(first + j) for j in range(self.micro_batch)])
+        self.consumed_samples += self.micro_batch * self.dp_size
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+class Data:
+    """The run's data: train/valid loaders, vocabulary size and (for real data) the tokenizer
+    directory written by preprocess (PREFIX.tokenizer/)."""
+
+    def __init__(self, cfg, dp_rank=0, dp_size=1):
+        self.cfg, self.dp_rank, self.dp_size = cfg, dp_rank, dp_size
+        self.tokenizer_dir = None
+        if cfg.synthetic_data:
+            self.vocab_size = cfg.vocab_size
+            self.train = self.valid = None
+            return
+        tok_dir = cfg.data + ".tokenizer"
+        if os.path.isdir(tok_dir):
+            self.tokenizer_dir = tok_dir
+        if cfg.vocab_size:
+            self.vocab_size = cfg.vocab_size
+        elif self.tokenizer_dir:
+            from ..data.tokenizer import Tokenizer
+            self.vocab_size = Tokenizer.load(tok_dir).vocab_size
+        else:
+            raise C.ConfigError(f"--data {cfg.data}: no tokenizer at {tok_dir}; give "
+                                "--vocab-size")
+        self.train, self.valid, _ = td.data.build_gpt_datasets(
+            cfg.data, cfg.seq_len, cfg.seed, split=C.split_ratios(cfg))
+        if self.train is None:
+            raise C.ConfigError(f"--data {cfg.data} --split {cfg.split}: the training split "
+                                "is empty")
+
+    def train_loader(self, consumed_samples):
+        if self.cfg.synthetic_data:
+            return SyntheticData(self.vocab_size, self.cfg.seq_len, self.cfg.seed,
+                                 self.cfg.micro_batch_size, self.dp_rank, self.dp_size,
+                                 consumed_samples)
+        return td.data.DataLoader(self.train, self.cfg.micro_batch_size, self.dp_rank,
+                                  self.dp_size, consumed_samples)
+
+    def valid_loader(self):
+        """A fresh loader over the validation split from its start (every evaluation sees the
+        same batches, so validation losses are comparable across steps); None if empty."""
+        if self.cfg.synthetic_data:
+            return SyntheticData(self.vocab_size, self.cfg.seq_len, self.cfg.seed + 1,
+                                 self.cfg.micro_batch_size, self.dp_rank, self.dp_size)
+        if self.valid is None:
+            return None
+        return td.data.DataLoader(self.valid, self.cfg.micro_batch_size, self.dp_rank,
+                                  self.dp_size, 0)
+
+
+def model_config(cfg, vocab_size):
+    return td.models.GPTConfig(
+        arch=cfg.arch, vocab_size=vocab_size, block_size=cfg.seq_len, n_layer=cfg.layers,
+        n_head=cfg.heads, n_kv_head=cfg.kv_heads, d_model=cfg.d_model,
+        ffn_hidden=cfg.ffn_hidden, dropout=cfg.dropout, dtype=cfg.dtype, seed=cfg.seed)
+
+
+def schedule(cfg):
+    """The learning rate of step s (0-based optimizer steps), td.optim.lr_scheduler's
+    formulas (the same as the C++ td::optim::lr_at)."""
+    fn = {"cosine": td.optim.lr_scheduler.warmup_cosine_lr,
+          "linear": td.optim.lr_scheduler.linear_decay_lr,
+          "constant": td.optim.lr_scheduler.constant_lr}[cfg.lr_decay_style]
+    return lambda s: fn(s, cfg.warmup_steps, cfg.steps, cfg.lr, cfg.min_lr_value)
+
+
+def gemm_peak_flops(dtype, n=1024, reps=5):
+    """The best GEMM rate of this library on this machine for `dtype` (FLOP/s): the
+    denominator of MFU, measured once at start-up."""
+    a = td.randn(n, n).to(dtype)
+    b = td.randn(n, n).to(dtype)
+    td.matmul(a, b)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        td.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def evaluate(model, loader, steps):
+    if loader is None or steps == 0:
+        return None
+    model.eval()
+    total = 0.0
+    with td.no_grad():
+        for _ in range(steps):
+            x, y = loader.next()
+            total += model(x, y).item()
+    model.train()
+    return total / steps
+
+
+def train(cfg, dp_rank=0, dp_size=1, out=print):
+    """Runs one training job; returns the summary dict (also printed as the last line)."""
+    is_main = dp_rank == 0
+    data = Data(cfg, dp_rank, dp_size)
+    mcfg = model_config(cfg, data.vocab_size)
+    model = td.models.GPT(mcfg)
+    model.train()
+    opt = td.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr,
+                         betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    lr_at = schedule(cfg)
+    accum = C.accumulation_steps(cfg, dp_size)
+    global_batch = cfg.micro_batch_size * dp_size * accum
+
+    start_step, consumed = 0, 0
+    resumed_from = None
+    if cfg.resume:
+        latest = td.checkpoint.find_latest(cfg.save)
+        if latest is None:
+            out(f"train: --resume: no checkpoint under {cfg.save}; starting from scratch")
+        else:
+            info = ckpt.load(latest, model, opt, cfg)
+            start_step, consumed = info["step"], info["consumed_samples"]
+            resumed_from = latest
+    loader = data.train_loader(consumed)
+
+    n_params = model.num_parameters()
+    flops_per_step = model.flops_per_step(global_batch, cfg.seq_len)
+    peak = gemm_peak_flops({"fp32": td.float32, "bf16": td.bfloat16,
+                            "fp16": td.float16}[cfg.dtype])
+    if is_main:
+        out(f"train: {cfg.arch} {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
+            f"vocab {data.vocab_size}, {n_params / 1e6:.2f}M parameters, {cfg.dtype}; "
+            f"global batch {global_batch} x {cfg.seq_len} tokens ({accum} micro-batches of "
+            f"{cfg.micro_batch_size}, dp {dp_size}); GEMM peak {peak / 1e9:.0f} GFLOP/s")
+        if resumed_from:
+            out(f"train: resumed from {resumed_from} at step {start_step} "
+                f"({consumed} samples consumed)")
+    metrics = report.MetricsFile(cfg.metrics_file if is_main else "",
+                                 resume_step=start_step if cfg.resume else None)
+    progress = report.Progress(cfg.steps, start_step, cfg.progress and is_main)
+    params = list(model.parameters())
+    last, val_loss, t_train = None, None, 0.0
+    step = start_step
+    try:
+        while step < cfg.steps:
+            lr = lr_at(step)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            td.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            loss_sum = 0.0
+            for _ in range(accum):
+                x, y = loader.next()
+                loss = model(x, y)
+                (loss if accum == 1 else loss * (1.0 / accum)).backward()
+                loss_sum += loss.item()
+            max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
+            grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            t_train += dt
+            step += 1
+            rec = {"step": step, "loss": loss_sum / accum, "lr": lr, "grad_norm": grad_norm,
+                   "tokens_per_s": global_batch * cfg.seq_len / dt,
+                   "mfu": flops_per_step / dt / peak,
+                   "mem_bytes": td.memory_stats()["peak_bytes"]}
+            if not math.isfinite(rec["loss"]):
+                raise RuntimeError(f"train: the loss is {rec['loss']} at step {step} "
+                                   "(diverged; lower --lr or use --clip-grad)")
+            if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
+                val_loss = evaluate(model, data.valid_loader(), cfg.eval_steps)
+                if val_loss is not None:
+                    rec["val_loss"] = val_loss
+            metrics.write(rec)
+            progress.update(rec["loss"])
+            if is_main and (step % cfg.log_interval == 0 or step == cfg.steps or
+                            "val_loss" in rec):
+                progress.write(report.format_log_line(rec, cfg.steps))
+            last = rec
+            exiting = cfg.exit_interval and step % cfg.exit_interval == 0
+            if cfg.save and (step == cfg.steps or exiting or
+                             (cfg.save_interval and step % cfg.save_interval == 0)):
+                path = ckpt.save(cfg.save, step, model, opt, cfg, mcfg,
+                                 loader.consumed_samples, data.tokenizer_dir)
+                progress.write(f"train: saved {path}")
+            if exiting:
+                break
+    finally:
+        progress.close()
+        metrics.close()
+
+    summary = {"event": "train_end", "step": step, "params": n_params,
+               "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
+               max(t_train, 1e-9)}
+    if last is not None:
+        summary.update(loss=last["loss"], mfu=flops_per_step * (step - start_step) /
+                       max(t_train, 1e-9) / peak, peak_mem_bytes=last["mem_bytes"])
+    if val_loss is not None:
+        summary["val_loss"] = val_loss
+    if is_main and cfg.metrics_file:
+        png = os.path.join(cfg.save, "loss.png") if cfg.save else \
+            os.path.splitext(cfg.metrics_file)[0] + ".png"
+        if report.plot_loss(report.read_metrics(cfg.metrics_file), png,
+                            f"{cfg.arch} {n_params / 1e6:.1f}M"):
+            summary["loss_curve"] = png
+    if is_main:
+        out(json.dumps(summary))
+    return summary
