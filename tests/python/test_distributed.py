@@ -128,7 +128,8 @@ def test_command_under_slurm_and_mpich():
     argv, _ = launch.build_command(8, ["t.py"], env={"PYTHONPATH": "/x"}, cpu_count=2,
                                    is_root=True, which=which_mpirun, flavor="mpich")
     assert "--oversubscribe" not in argv and "--allow-run-as-root" not in argv
-    assert argv[argv.index("-genvlist") + 1] == "PYTHONPATH"
+    # OMP_NUM_THREADS defaults to cores // nproc (here max(1, 2 // 8) = 1) and is forwarded.
+    assert argv[argv.index("-genvlist") + 1] == "PYTHONPATH,OMP_NUM_THREADS"
 
 
 def test_argument_parsing():

@@ -36,7 +36,8 @@ def build_command(nproc, program, env=None, cpu_count=None, is_root=None, which=
     program: the argv after the interpreter (["-m", "pkg.mod", ...] or ["script.py", ...]).
     Returns (argv, env). Open MPI gets --bind-to none (ranks share the cores through OpenMP
     threads), --oversubscribe when nproc > cpu_count, and --allow-run-as-root with the
-    OMPI_ALLOW_RUN_AS_ROOT* variables when running as root.
+    OMPI_ALLOW_RUN_AS_ROOT* variables when running as root. OMP_NUM_THREADS defaults to
+    cpu_count // nproc (at least 1) and is forwarded to every rank.
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
@@ -45,6 +46,9 @@ def build_command(nproc, program, env=None, cpu_count=None, is_root=None, which=
     is_root = (os.geteuid() == 0) if is_root is None else is_root
     python = python or sys.executable
     target = [python] + list(program)
+    # Ranks share this node's cores: without a limit every rank's OpenMP pool would take all
+    # of them and oversubscribe the machine nproc-fold (torchrun sets 1; we split the cores).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // nproc)))
 
     if env.get("SLURM_JOB_ID") and which("srun"):
         return ["srun", "-n", str(nproc), "--kill-on-bad-exit=1", *extra_launcher_args,

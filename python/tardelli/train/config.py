@@ -53,6 +53,11 @@ class TrainConfig:
     split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
     synthetic_data: bool = field(default=False, metadata=dict(
         help="random tokens drawn from the seed instead of a dataset"))
+    # ---- parallelism (data parallel size = world size / (tp x pp x cp); tp = pp = cp = 1 today)
+    zero: int = field(default=0, metadata=dict(
+        help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks"))
+    ddp_bucket_mb: float = field(default=40.0, metadata=dict(
+        help="gradient bucket size for overlapped data-parallel reduction (MB)"))
     # ---- evaluation, logging, checkpoints ----
     eval_interval: int = field(default=100, metadata=dict(help="steps between evaluations (0: off)"))
     eval_steps: int = field(default=10, metadata=dict(help="validation micro-batches per eval"))
@@ -169,6 +174,8 @@ def validate(cfg, dp_size=1):
                  "eval_interval", "eval_steps", "save_interval", "exit_interval"):
         need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
              f"got {getattr(cfg, name)}")
+    need(cfg.zero in (0, 1), f"--zero must be 0 or 1, got {cfg.zero}")
+    need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
     need(cfg.d_model % cfg.heads == 0,
          f"--heads {cfg.heads} does not divide --d-model {cfg.d_model}")
@@ -218,6 +225,7 @@ def split_ratios(cfg):
     return tuple(float(x) for x in cfg.split.split(","))
 
 
-# What a checkpoint must agree on to be resumed (the model is checked by GPTConfig.diff).
-RESUME_KEYS = ("micro_batch_size", "global_batch_size", "seq_len", "data", "split",
-               "synthetic_data", "seed", "dtype")
+# What a resumed run must share with its checkpoint besides the model (GPTConfig.diff): the
+# data order (the position is a sample count into the order these define) and the optimizer
+# layout. Batch sizes may change (the position counts samples, as in Megatron).
+RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed", "zero")

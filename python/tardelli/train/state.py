@@ -7,6 +7,8 @@
         model.safetensors       every parameter by its GPT name (fp32 master weights)
         optimizer.safetensors   "<param>.exp_avg", "<param>.exp_avg_sq"; __metadata__
                                 "optimizer": groups (parameter names, hyperparameters), steps
+        optimizer.rankNNNNN.safetensors   instead, with --zero 1: each data-parallel rank's
+                                shard (fp32 master and moment slices), one file per rank
         vocab.json, merges.txt  the tokenizer, when the data came with one
 """
 import json
@@ -28,16 +30,9 @@ def _schedule_meta(cfg, step):
             "decay_steps": cfg.steps, "style": cfg.lr_decay_style, "last_step": step}
 
 
-def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None):
-    """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path."""
-    name = td.checkpoint.step_dir_name(step)
-    path = os.path.join(root, name)
-    os.makedirs(root, exist_ok=True)
-    params = _named_params(model)
-    by_impl = {p._impl_id(): n for n, p in params}
-    writer = td.checkpoint.CheckpointWriter(path)
-    writer.write_tensors("model.safetensors", dict(params))
-
+def _optimizer_tensors(model, opt):
+    """(tensors, metadata) of a replicated td.optim.AdamW in the shared layout."""
+    by_impl = {p._impl_id(): n for n, p in _named_params(model)}
     groups, steps, tensors = [], {}, {}
     for g in opt.param_groups:
         names = [by_impl[p._impl_id()] for p in g["params"]]
@@ -50,23 +45,74 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
             steps[n] = int(st["step"].item())
             tensors[n + ".exp_avg"] = st["exp_avg"]
             tensors[n + ".exp_avg_sq"] = st["exp_avg_sq"]
-    opt_meta = {"name": "AdamW", "groups": groups, "step": steps}
-    writer.write_tensors("optimizer.safetensors", tensors, {"optimizer": json.dumps(opt_meta)})
-    if tokenizer_dir:
-        for f in ("vocab.json", "merges.txt"):
-            writer.copy_file(f, os.path.join(tokenizer_dir, f))
-    seed, offset, sub = model.dropout_generator.get_state()
-    meta = {
-        "step": step,
-        "config": td.checkpoint.config_to_dict(model_cfg),
-        "scheduler": _schedule_meta(cfg, step),
-        "data": {"consumed_samples": consumed_samples, "seed": cfg.seed, "prefix": cfg.data,
-                 "synthetic": cfg.synthetic_data},
-        "rng": {"dropout": {"seed": seed, "offset": offset, "subsequence": sub}},
-        "train": cfg.to_dict(),
-    }
-    writer.commit(meta)
-    td.checkpoint.update_latest(root, name)
+    return tensors, {"optimizer": json.dumps({"name": "AdamW", "groups": groups,
+                                              "step": steps})}
+
+
+def _shard_file(rank):
+    return f"optimizer.rank{rank:05d}.safetensors"
+
+
+def _zero_tensors(opt, rank, size):
+    """(tensors, metadata) of this rank's ZeRO-1 shard: named master/moment slices."""
+    tensors, other = {}, {}
+    for k, v in opt.state_dict().items():
+        if isinstance(v, td.Tensor):
+            tensors[k] = v
+        else:
+            other[k] = v
+    return tensors, {"zero": json.dumps({"stage": 1, "rank": rank, "dp": size,
+                                         "scalars": other})}
+
+
+def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
+         world=None):
+    """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
+    Data parallel: rank 0 writes the model (replicated) and the metadata; with ZeRO-1 every
+    rank also writes its optimizer shard (Note [Sharded saving] in checkpoint.h: rank 0
+    prepares the directory, then the others join, then rank 0 commits)."""
+    rank, size = (world.rank, world.size) if world is not None else (0, 1)
+    sharded = bool(cfg.zero)
+    name = td.checkpoint.step_dir_name(step)
+    path = os.path.join(root, name)
+    writer = None
+    if rank == 0:
+        os.makedirs(root, exist_ok=True)
+        writer = td.checkpoint.CheckpointWriter(path, 0)
+    if world is not None:
+        world.barrier()
+    if rank != 0 and sharded:
+        writer = td.checkpoint.CheckpointWriter(path, rank)
+    if sharded:
+        tensors, metadata = _zero_tensors(opt, rank, size)
+        writer.write_tensors(_shard_file(rank), tensors, metadata)
+    if rank == 0:
+        writer.write_tensors("model.safetensors", dict(_named_params(model)))
+        if not sharded:
+            writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
+        if tokenizer_dir:
+            for f in ("vocab.json", "merges.txt"):
+                writer.copy_file(f, os.path.join(tokenizer_dir, f))
+    elif writer is not None:
+        writer.finish()
+    if world is not None:
+        world.barrier()
+    if rank == 0:
+        seed, offset, sub = model.dropout_generator.get_state()
+        meta = {
+            "step": step,
+            "config": td.checkpoint.config_to_dict(model_cfg),
+            "scheduler": _schedule_meta(cfg, step),
+            "data": {"consumed_samples": consumed_samples, "seed": cfg.seed,
+                     "prefix": cfg.data, "synthetic": cfg.synthetic_data},
+            "rng": {"dropout": {"seed": seed, "offset": offset, "subsequence": sub}},
+            "parallel": {"dp": size, "zero": int(cfg.zero)},
+            "train": cfg.to_dict(),
+        }
+        writer.commit(meta, size if sharded else 1)
+        td.checkpoint.update_latest(root, name)
+    if world is not None:
+        world.barrier()  # nobody resumes or exits before the checkpoint is in place
     return path
 
 
@@ -79,7 +125,7 @@ def load_model(path):
     return model, reader
 
 
-def load(path, model, opt, cfg):
+def load(path, model, opt, cfg, world=None):
     """Restores model, optimizer and RNG state from the step directory `path` into freshly
     built objects; refuses a checkpoint of another model (naming every differing field).
     Returns {"step", "consumed_samples"}."""
@@ -98,7 +144,24 @@ def load(path, model, opt, cfg):
             f"--resume: checkpoint {path} was trained with different data settings: " +
             ", ".join(f"{k}: {getattr(cfg, k)!r} vs {saved[k]!r}" for k in changed))
     td.checkpoint.load_model_state(reader, model)
+    if cfg.zero:
+        rank, size = (world.rank, world.size) if world is not None else (0, 1)
+        saved_dp = meta.get("parallel", {}).get("dp", 1)
+        if saved_dp != size:
+            raise C.ConfigError(
+                f"--resume: {path} holds ZeRO-1 optimizer shards of {saved_dp} data-parallel "
+                f"ranks but this run has {size}; resharding is not supported yet")
+        shard = dict(reader.read_tensors(_shard_file(rank)))
+        shard.update(json.loads(reader.read_metadata(_shard_file(rank))["zero"])["scalars"])
+        opt.load_state_dict(shard)
+    else:
+        _load_optimizer(reader, path, model, opt)
+    r = meta["rng"]["dropout"]
+    model.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
+    return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"]}
 
+
+def _load_optimizer(reader, path, model, opt):
     opt_tensors = reader.read_tensors("optimizer.safetensors")
     opt_meta = json.loads(reader.read_metadata("optimizer.safetensors")["optimizer"])
     params = dict(_named_params(model))
@@ -118,6 +181,3 @@ def load(path, model, opt, cfg):
             opt.state[p] = {"step": _step_tensor(opt_meta["step"][n]),
                             "exp_avg": opt_tensors[n + ".exp_avg"].clone(),
                             "exp_avg_sq": opt_tensors[n + ".exp_avg_sq"].clone()}
-    r = meta["rng"]["dropout"]
-    model.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
-    return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"]}

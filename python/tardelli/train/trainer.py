@@ -138,15 +138,54 @@ def evaluate(model, loader, steps):
     return total / steps
 
 
-def train(cfg, dp_rank=0, dp_size=1, out=print):
-    """Runs one training job; returns the summary dict (also printed as the last line)."""
+def join_world():
+    """The world communicator when this process was started as one rank of several (by
+    `python -m tardelli.launch`, mpirun or srun), else None (a single process needs no MPI)."""
+    size = None
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(name, "").isdigit():
+            size = int(os.environ[name])
+            break
+    if not size or size == 1:
+        return None
+    from .. import distributed as dist
+    return dist.world() if dist.is_initialized() else dist.init()
+
+
+def _mean_over_ranks(value, world):
+    if world is None or world.size == 1:
+        return value
+    t = td.tensor([value], dtype=td.float32)
+    world.all_reduce(t, "avg")
+    return t.item()
+
+
+def train(cfg, world=None, out=print):
+    """Runs one training job; returns the summary dict (also printed as the last line on rank
+    0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
+    from .. import distributed as dist
+    if cfg.zero and world is None:
+        world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
+    dp_rank, dp_size = (world.rank, world.size) if world is not None else (0, 1)
+    C.validate(cfg, dp_size)
     is_main = dp_rank == 0
     data = Data(cfg, dp_rank, dp_size)
     mcfg = model_config(cfg, data.vocab_size)
     model = td.models.GPT(mcfg)
     model.train()
-    opt = td.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr,
-                         betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    groups = model.param_groups(cfg.weight_decay)
+    ddp = None
+    if world is not None:
+        # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
+        # into them, never set to None); a bucket's reduction starts as soon as backward has
+        # produced its last gradient, and only on the last micro-batch of a step.
+        ddp = dist.DistributedDataParallel(model, group=world, bucket_mb=cfg.ddp_bucket_mb,
+                                           zero=bool(cfg.zero))
+    if cfg.zero:
+        opt = dist.DistributedOptimizer(ddp, groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                        eps=cfg.eps)
+    else:
+        opt = td.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     lr_at = schedule(cfg)
     accum = C.accumulation_steps(cfg, dp_size)
     global_batch = cfg.micro_batch_size * dp_size * accum
@@ -156,9 +195,10 @@ def train(cfg, dp_rank=0, dp_size=1, out=print):
     if cfg.resume:
         latest = td.checkpoint.find_latest(cfg.save)
         if latest is None:
-            out(f"train: --resume: no checkpoint under {cfg.save}; starting from scratch")
+            if is_main:
+                out(f"train: --resume: no checkpoint under {cfg.save}; starting from scratch")
         else:
-            info = ckpt.load(latest, model, opt, cfg)
+            info = ckpt.load(latest, model, opt, cfg, world)
             start_step, consumed = info["step"], info["consumed_samples"]
             resumed_from = latest
     loader = data.train_loader(consumed)
@@ -166,12 +206,13 @@ def train(cfg, dp_rank=0, dp_size=1, out=print):
     n_params = model.num_parameters()
     flops_per_step = model.flops_per_step(global_batch, cfg.seq_len)
     peak = gemm_peak_flops({"fp32": td.float32, "bf16": td.bfloat16,
-                            "fp16": td.float16}[cfg.dtype])
+                            "fp16": td.float16}[cfg.dtype]) * dp_size
     if is_main:
         out(f"train: {cfg.arch} {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
             f"vocab {data.vocab_size}, {n_params / 1e6:.2f}M parameters, {cfg.dtype}; "
             f"global batch {global_batch} x {cfg.seq_len} tokens ({accum} micro-batches of "
-            f"{cfg.micro_batch_size}, dp {dp_size}); GEMM peak {peak / 1e9:.0f} GFLOP/s")
+            f"{cfg.micro_batch_size} x dp {dp_size}{', ZeRO-1' if cfg.zero else ''}); "
+            f"GEMM peak {peak / 1e9:.0f} GFLOP/s")
         if resumed_from:
             out(f"train: resumed from {resumed_from} at step {start_step} "
                 f"({consumed} samples consumed)")
@@ -188,21 +229,35 @@ def train(cfg, dp_rank=0, dp_size=1, out=print):
                 g["lr"] = lr
             td.reset_peak_memory_stats()
             t0 = time.perf_counter()
+            if ddp is not None:
+                ddp.zero_grad()
             loss_sum = 0.0
-            for _ in range(accum):
+            for m in range(accum):
                 x, y = loader.next()
                 loss = model(x, y)
-                (loss if accum == 1 else loss * (1.0 / accum)).backward()
+                scaled = loss if accum == 1 else loss * (1.0 / accum)
+                if ddp is not None:
+                    with ddp.no_sync(m < accum - 1):
+                        scaled.backward()
+                else:
+                    scaled.backward()
                 loss_sum += loss.item()
+            if ddp is not None:
+                ddp.finish_grad_sync()
             max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
-            grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
+            if cfg.zero:
+                grad_norm = opt.clip_grad_norm(max_norm) if cfg.clip_grad > 0 else \
+                    opt.grad_norm()
+            else:
+                grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            if ddp is None:
+                opt.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
             t_train += dt
             step += 1
-            rec = {"step": step, "loss": loss_sum / accum, "lr": lr, "grad_norm": grad_norm,
-                   "tokens_per_s": global_batch * cfg.seq_len / dt,
+            rec = {"step": step, "loss": _mean_over_ranks(loss_sum / accum, world), "lr": lr,
+                   "grad_norm": grad_norm, "tokens_per_s": global_batch * cfg.seq_len / dt,
                    "mfu": flops_per_step / dt / peak,
                    "mem_bytes": td.memory_stats()["peak_bytes"]}
             if not math.isfinite(rec["loss"]):
@@ -211,6 +266,7 @@ def train(cfg, dp_rank=0, dp_size=1, out=print):
             if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
                 val_loss = evaluate(model, data.valid_loader(), cfg.eval_steps)
                 if val_loss is not None:
+                    val_loss = _mean_over_ranks(val_loss, world)
                     rec["val_loss"] = val_loss
             metrics.write(rec)
             progress.update(rec["loss"])
@@ -222,20 +278,23 @@ def train(cfg, dp_rank=0, dp_size=1, out=print):
             if cfg.save and (step == cfg.steps or exiting or
                              (cfg.save_interval and step % cfg.save_interval == 0)):
                 path = ckpt.save(cfg.save, step, model, opt, cfg, mcfg,
-                                 loader.consumed_samples, data.tokenizer_dir)
-                progress.write(f"train: saved {path}")
+                                 loader.consumed_samples, data.tokenizer_dir, world)
+                if is_main:
+                    progress.write(f"train: saved {path}")
             if exiting:
                 break
     finally:
         progress.close()
         metrics.close()
 
-    summary = {"event": "train_end", "step": step, "params": n_params,
+    summary = {"event": "train_end", "step": step, "params": n_params, "dp": dp_size,
                "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
                max(t_train, 1e-9)}
     if last is not None:
         summary.update(loss=last["loss"], mfu=flops_per_step * (step - start_step) /
                        max(t_train, 1e-9) / peak, peak_mem_bytes=last["mem_bytes"])
+        if cfg.zero:
+            summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
     if val_loss is not None:
         summary["val_loss"] = val_loss
     if is_main and cfg.metrics_file:
