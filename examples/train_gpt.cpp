@@ -274,6 +274,15 @@ int main(int argc, char** argv) try {
     extra.set("rng", rng);
     extra.set("train", flags);
     td::checkpoint::CheckpointWriter writer(args.save + "/" + name);
+    // The tokenizer preprocess wrote next to the data travels with the model, so
+    // `python -m tardelli.generate --checkpoint DIR` can decode its samples.
+    for (const char* file : {"vocab.json", "merges.txt"}) {
+      const std::string src = args.data + ".tokenizer/" + file;
+      if (std::FILE* f = std::fopen(src.c_str(), "rb")) {
+        std::fclose(f);
+        writer.copy_file(file, src);
+      }
+    }
     const std::string dir =
         td::checkpoint::save_training_state(writer, *model, optimizer, scheduler, extra);
     td::checkpoint::update_latest(args.save, name);

@@ -85,6 +85,14 @@ if cmake --install "${build_dir}" --prefix "${prefix}" >/dev/null &&
   "${consumer}/tensor_basics"; then
   echo "test: installed package OK (find_package(tardelli) from examples/cpp)"
   passed=$((passed + 1))
+  # The C++ trainer built from the installed package: trains, resumes exactly, and its
+  # checkpoint loads in Python.
+  if bash tests/examples/check_train_gpt.sh "${consumer}/train_gpt" "${root}/.venv/bin/python"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    note_failure "examples/train_gpt.cpp check"
+  fi
 else
   echo "test: installed package check FAILED" >&2
   failed=$((failed + 1))
