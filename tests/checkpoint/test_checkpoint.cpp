@@ -25,6 +25,8 @@ namespace fs = std::filesystem;
 namespace ck = td::checkpoint;
 using td::DType;
 using td::Tensor;
+using td::test::error_of;
+using td::test::same_bytes;
 
 // The textbook bit-at-a-time CRC-32 (reflected 0xEDB88320), the reference for the tables.
 uint32_t crc_bitwise(const unsigned char* p, size_t n) {
@@ -34,22 +36,6 @@ uint32_t crc_bitwise(const unsigned char* p, size_t n) {
     for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
   }
   return ~c;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
-}
-
-// The message of the td::Error that f throws ("" when it does not throw).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const td::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 class Checkpoint : public td::test::TempDirTest {
@@ -231,7 +217,7 @@ TEST_F(Checkpoint, BadInput) {
   EXPECT_NE(error_of([&] { ck::CheckpointReader r(path("ck")); }).find("version 2"),
             std::string::npos);
   EXPECT_THROW(ck::step_dir_name(-1), td::Error);
-  EXPECT_THROW(ck::update_latest(dir_.string(), "a/b"), td::Error);
+  EXPECT_THROW(ck::update_latest(dir().string(), "a/b"), td::Error);
 }
 
 // Saving the same directory again replaces it completely (no .old or .tmp left).
@@ -250,24 +236,24 @@ TEST_F(Checkpoint, FindLatest) {
   EXPECT_EQ(ck::step_dir_name(100), "step_00000100");
   EXPECT_EQ(ck::step_dir_name(123456789), "step_123456789");
   EXPECT_FALSE(ck::find_latest(path("nothing")).has_value());
-  EXPECT_FALSE(ck::find_latest(dir_.string()).has_value());
+  EXPECT_FALSE(ck::find_latest(dir().string()).has_value());
   save(path("step_00000010"), 10.f, false);
   save(path("step_00000020"), 20.f, false);
   fs::create_directories(path("step_00000030"));      // incomplete (no meta.json)
   { ck::CheckpointWriter w(path("step_00000040")); }  // a .tmp only
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000020"));
-  ck::update_latest(dir_.string(), "step_00000010");
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000020"));
+  ck::update_latest(dir().string(), "step_00000010");
   EXPECT_EQ(td::test::read_bytes(path("latest")), "step_00000010\n");
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000010"));
-  ck::update_latest(dir_.string(), "step_00000030");  // incomplete: fall back to the scan
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000020"));
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000010"));
+  ck::update_latest(dir().string(), "step_00000030");  // incomplete: fall back to the scan
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000020"));
   fs::rename(path("step_00000020"), path("step_00000020.old"));
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000020.old"));
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000020.old"));
   EXPECT_EQ(value_of(path("step_00000020")), 20.f);  // the reader applies the rule too
   save(path("step_00000020"), 21.f, false);          // deletes the .old
   EXPECT_FALSE(fs::exists(path("step_00000020.old")));
   fs::copy(path("step_00000020"), path("step_00000020.old"));
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000020"));
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000020"));
 }
 
 // Runs `save` in a forked child with TD_CHECKPOINT_CRASH_AT=point; returns the exit status.
@@ -299,22 +285,22 @@ TEST_F(Checkpoint, CrashWhileAddingKeepsPrevious) {
                              ck::CheckpointWriter w(path("step_00000002"));
                              w.write_tensors("model.safetensors", {{"w", t}});
                              w.commit();
-                             ck::update_latest(dir_.string(), "step_00000002");
+                             ck::update_latest(dir().string(), "step_00000002");
                            }),
               42)
         << point;
     EXPECT_TRUE(fs::exists(path("step_00000002.tmp"))) << point;
     EXPECT_FALSE(fs::exists(path("step_00000002"))) << point;
-    auto latest = ck::find_latest(dir_.string());
+    auto latest = ck::find_latest(dir().string());
     ASSERT_TRUE(latest.has_value()) << point;
     EXPECT_EQ(*latest, path("step_00000001")) << point;
     EXPECT_EQ(value_of(*latest), 1.f) << point;
   }
   // Without `latest`, the scan also ignores the .tmp (it has a meta.json after before_rename).
   fs::remove(path("latest"));
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000001"));
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000001"));
   save(path("step_00000002"), 2.f);
-  EXPECT_EQ(ck::find_latest(dir_.string()), path("step_00000002"));
+  EXPECT_EQ(ck::find_latest(dir().string()), path("step_00000002"));
   EXPECT_EQ(value_of(path("step_00000002")), 2.f);
 }
 
@@ -334,7 +320,7 @@ TEST_F(Checkpoint, CrashWhileOverwritingKeepsPrevious) {
                            }),
               42)
         << point;
-    auto latest = ck::find_latest(dir_.string());
+    auto latest = ck::find_latest(dir().string());
     ASSERT_TRUE(latest.has_value()) << point;
     EXPECT_EQ(value_of(*latest), 1.f) << point;
     EXPECT_EQ(value_of(path("step_00000001")), 1.f) << point;
@@ -346,7 +332,7 @@ TEST_F(Checkpoint, CrashWhileOverwritingKeepsPrevious) {
   // From that state (step_1 missing, step_1.old complete), a save that does not crash puts the
   // new checkpoint in place and removes the .old and .tmp.
   EXPECT_EQ(run_crashing("none", [&] { save(path("step_00000001"), 7.f); }), 0);
-  EXPECT_EQ(value_of(*ck::find_latest(dir_.string())), 7.f);
+  EXPECT_EQ(value_of(*ck::find_latest(dir().string())), 7.f);
   EXPECT_FALSE(fs::exists(path("step_00000001.old")));
   EXPECT_FALSE(fs::exists(path("step_00000001.tmp")));
 }

@@ -26,6 +26,7 @@ using td::checkpoint::save_safetensors;
 class Safetensors : public td::test::TempDirTest {};
 
 using td::test::read_bytes;
+using td::test::same_bytes;
 using td::test::write_bytes;
 std::string from_hex(const std::string& h) {
   std::string out;
@@ -41,11 +42,6 @@ std::string make_file(const std::string& header, const std::string& data) {
   for (int i = 0; i < 8; ++i)
     out[i] = static_cast<char>(static_cast<uint64_t>(h.size()) >> (8 * i));
   return out + h + data;
-}
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  Tensor ca = a.contiguous(), cb = b.contiguous();
-  return ca.dtype() == cb.dtype() && ca.sizes() == cb.sizes() &&
-         std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
 }
 // The td::Error text of load_safetensors(p) ("" when it loads).
 std::string load_error(const std::string& p) {
@@ -221,7 +217,7 @@ TEST_F(Safetensors, CorruptFilesAreClearErrors) {
   }
   // A missing file and a directory.
   EXPECT_NE(load_error(path("missing.safetensors")).find("cannot open"), std::string::npos);
-  EXPECT_NE(load_error(dir_.string()).find("not a regular file"), std::string::npos);
+  EXPECT_NE(load_error(dir().string()).find("not a regular file"), std::string::npos);
 }
 
 // Property: a valid file truncated at every length, or with random bytes flipped, loads or

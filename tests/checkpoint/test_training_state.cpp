@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <random>
 
@@ -25,6 +24,8 @@ namespace ck = td::checkpoint;
 using td::Tensor;
 using td::models::GPT;
 using td::models::GPTConfig;
+using td::test::error_of;
+using td::test::same_bytes;
 
 GPTConfig tiny(int64_t n_layer = 2) {
   GPTConfig c;
@@ -48,11 +49,6 @@ std::vector<Tensor> make_batches(int n) {
     out.push_back(t);
   }
   return out;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
 }
 
 // A model, AdamW over GPT's two groups (optionally each group's parameters reversed, which
@@ -93,16 +89,6 @@ struct Trainer {
   std::unique_ptr<td::optim::AdamW> opt;
   std::unique_ptr<td::optim::LRScheduler> sched;
 };
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const td::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 class TrainingState : public td::test::TempDirTest {};
 

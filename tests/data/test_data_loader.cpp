@@ -2,16 +2,14 @@
 // parallel ranks partition each global batch, resuming from consumed_samples continues exactly,
 // prefetch depth does not change results, and errors from the loader thread reach next().
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "tardelli/core/error.h"
 #include "tardelli/data/data_loader.h"
+#include "test_util.h"
 
-namespace fs = std::filesystem;
 using td::data::DataLoader;
 using td::data::GPTDataset;
 using td::data::IndexedDataset;
@@ -19,15 +17,10 @@ using td::data::IndexedDatasetBuilder;
 
 namespace {
 
-class LoaderTest : public ::testing::Test {
+class LoaderTest : public td::test::TempDirTest {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("td_loader_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const std::string prefix = (dir_ / "ds").string();
+    const std::string prefix = path("ds");
     IndexedDatasetBuilder b(prefix, td::data::kDTypeUInt16);
     int64_t next = 0;
     for (int d = 0; d < 25; ++d) {
@@ -40,7 +33,6 @@ class LoaderTest : public ::testing::Test {
     auto ds = std::make_shared<const IndexedDataset>(prefix);
     gpt_ = std::make_shared<const GPTDataset>(ds, 0, 25, kSeqLen, 42);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Row r of batch `b` must be global sample `i` of the dataset.
   void expect_row(const td::Tensor& b, int64_t r, int64_t i) const {
@@ -56,7 +48,6 @@ class LoaderTest : public ::testing::Test {
   }
 
   static constexpr int64_t kSeqLen = 6;
-  fs::path dir_;
   std::shared_ptr<const GPTDataset> gpt_;
 };
 

@@ -1,10 +1,8 @@
 // split_documents (Megatron's rounding rule) and GPTDataset: every epoch is a permutation of the
 // documents, cut into windows that cover the stream exactly once; determinism from the seed.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <numeric>
 #include <string>
@@ -13,29 +11,13 @@
 
 #include "tardelli/core/error.h"
 #include "tardelli/data/gpt_dataset.h"
+#include "test_util.h"
 
-namespace fs = std::filesystem;
 using td::data::GPTDataset;
 using td::data::IndexedDataset;
 using td::data::IndexedDatasetBuilder;
 
 namespace {
-
-class TmpDir {
- public:
-  TmpDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ =
-        fs::temp_directory_path() / ("td_gpt_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TmpDir() { fs::remove_all(path_); }
-  std::string prefix(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 // Writes `num_docs` documents of 1-3 sequences with lengths in [0, max_len] (so some documents
 // are empty); token values count up from 0, so every token identifies its position in the
@@ -111,8 +93,8 @@ TEST(SplitDocuments, MegatronRounding) {
 // stream position < S*L is an input position of exactly one sample, and each sample's targets
 // (positions 1..L) are its inputs shifted by one. Epochs differ in both orders.
 TEST(GPTDataset, EpochsCoverTheStreamOnce) {
-  TmpDir dir;
-  const auto ds = make_dataset(dir.prefix("c"), 40, 30);
+  td::test::TempDir dir;
+  const auto ds = make_dataset(dir.path("c"), 40, 30);
   const int64_t b = 5, e = 37, L = 16;
   const GPTDataset g(ds, b, e, L, 1234);
   int64_t n = 0;
@@ -167,8 +149,8 @@ TEST(GPTDataset, EpochsCoverTheStreamOnce) {
 // Same seed -> identical samples (also from a second instance and in any access order); another
 // seed -> different order. Epochs far away are built lazily and stay consistent when revisited.
 TEST(GPTDataset, DeterministicFromSeed) {
-  TmpDir dir;
-  const auto ds = make_dataset(dir.prefix("d"), 30, 20);
+  td::test::TempDir dir;
+  const auto ds = make_dataset(dir.path("d"), 30, 20);
   const GPTDataset a(ds, 0, 30, 8, 7), a2(ds, 0, 30, 8, 7), c(ds, 0, 30, 8, 8);
   const int64_t S = a.samples_per_epoch();
   std::vector<std::vector<int64_t>> first;
@@ -187,8 +169,8 @@ TEST(GPTDataset, DeterministicFromSeed) {
 
 // Concurrent readers across several epochs see exactly the serial results.
 TEST(GPTDataset, ThreadSafe) {
-  TmpDir dir;
-  const auto ds = make_dataset(dir.prefix("t"), 30, 20);
+  td::test::TempDir dir;
+  const auto ds = make_dataset(dir.path("t"), 30, 20);
   const GPTDataset g(ds, 0, 30, 8, 3);
   const GPTDataset ref(ds, 0, 30, 8, 3);
   const int64_t total = 6 * g.samples_per_epoch();
@@ -210,15 +192,15 @@ TEST(GPTDataset, ThreadSafe) {
 // i.e. 3556 or 4444 expected) is 7.7 sd outside, and an off-by-one Fisher-Yates (Sattolo's
 // algorithm, never leaving an element in place) misses 4 orders entirely.
 TEST(GPTDataset, DocumentShuffleIsUniform) {
-  TmpDir dir;
-  IndexedDatasetBuilder b(dir.prefix("u"), td::data::kDTypeUInt16);
+  td::test::TempDir dir;
+  IndexedDatasetBuilder b(dir.path("u"), td::data::kDTypeUInt16);
   for (int d = 0; d < 3; ++d) {
     const std::vector<int64_t> seq(5, d);
     b.add_sequence(seq.data(), 5);
     b.end_document();
   }
   b.finalize();
-  const auto ds = std::make_shared<const IndexedDataset>(dir.prefix("u"));
+  const auto ds = std::make_shared<const IndexedDataset>(dir.path("u"));
   std::map<std::vector<int64_t>, int> counts;
   for (uint64_t seed = 0; seed < 24000; ++seed)
     counts[GPTDataset(ds, 0, 3, 4, seed).document_order(0)]++;
@@ -231,15 +213,15 @@ TEST(GPTDataset, DocumentShuffleIsUniform) {
 
 // Bad arguments and too-short ranges are clear errors.
 TEST(GPTDataset, RejectsBadArguments) {
-  TmpDir dir;
-  IndexedDatasetBuilder b(dir.prefix("s"), td::data::kDTypeUInt16);
+  td::test::TempDir dir;
+  IndexedDatasetBuilder b(dir.path("s"), td::data::kDTypeUInt16);
   const std::vector<int64_t> seq = {1, 2, 3, 4, 5};
   b.add_sequence(seq.data(), 5);
   b.end_document();
   b.add_sequence(seq.data(), 5);
   b.end_document();
   b.finalize();
-  const auto ds = std::make_shared<const IndexedDataset>(dir.prefix("s"));
+  const auto ds = std::make_shared<const IndexedDataset>(dir.path("s"));
   try {
     GPTDataset g(ds, 0, 1, 5, 0);  // 5 tokens, a sample needs 6
     ADD_FAILURE() << "expected an error";

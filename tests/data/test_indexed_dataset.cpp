@@ -2,17 +2,16 @@
 // out by hand, round trips for every integer dtype, and a td::Error naming the file for each
 // kind of corruption.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "tardelli/core/error.h"
 #include "tardelli/data/indexed_dataset.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using td::data::IndexedDataset;
@@ -20,36 +19,13 @@ using td::data::IndexedDatasetBuilder;
 
 namespace {
 
-// A fresh directory per test, removed afterwards.
-class TmpDir {
- public:
-  TmpDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ =
-        fs::temp_directory_path() / ("td_idx_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TmpDir() { fs::remove_all(path_); }
-  std::string prefix(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::vector<unsigned char> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
+// Raw file bytes, unsigned so that they decode as little-endian integers below.
+using Bytes = std::vector<unsigned char>;
+using td::test::read_bytes;
+using td::test::write_bytes;
 
 template <typename T>
-T get_le(const std::vector<unsigned char>& b, size_t at) {
+T get_le(const Bytes& b, size_t at) {
   // Little-endian decode by hand (independent of the host's byte order and of the reader).
   uint64_t v = 0;
   for (size_t k = 0; k < sizeof(T); ++k) v |= static_cast<uint64_t>(b.at(at + k)) << (8 * k);
@@ -59,7 +35,7 @@ T get_le(const std::vector<unsigned char>& b, size_t at) {
 }
 
 template <typename T>
-void put_le(std::vector<unsigned char>& b, size_t at, T value) {
+void put_le(Bytes& b, size_t at, T value) {
   uint64_t v = 0;
   std::memcpy(&v, &value, sizeof(T));
   for (size_t k = 0; k < sizeof(T); ++k) b.at(at + k) = static_cast<unsigned char>(v >> (8 * k));
@@ -106,10 +82,10 @@ void write_reference(const std::string& prefix) {
 
 // The .idx/.bin bytes follow Megatron's layout exactly (parsed here by hand, not by the reader).
 TEST(IndexedDataset, WritesMegatronBytes) {
-  TmpDir dir;
-  const std::string p = dir.prefix("ref");
+  td::test::TempDir dir;
+  const std::string p = dir.path("ref");
   write_reference(p);
-  const auto idx = read_bytes(p + ".idx");
+  const auto idx = read_bytes<Bytes>(p + ".idx");
   ASSERT_EQ(idx.size(), 34u + 4 * 4 + 8 * 4 + 8 * 4);
   const unsigned char magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
   EXPECT_EQ(std::memcmp(idx.data(), magic, 9), 0);
@@ -125,7 +101,7 @@ TEST(IndexedDataset, WritesMegatronBytes) {
     EXPECT_EQ(get_le<int64_t>(idx, 50 + 8 * i), pointers[i]) << i;
     EXPECT_EQ(get_le<int64_t>(idx, 82 + 8 * i), doc_idx[i]) << i;
   }
-  const auto bin = read_bytes(p + ".bin");
+  const auto bin = read_bytes<Bytes>(p + ".bin");
   const uint16_t values[6] = {1, 2, 3, 4, 65535, 0};
   ASSERT_EQ(bin.size(), 12u);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(get_le<uint16_t>(bin, 2 * i), values[i]) << i;
@@ -136,8 +112,8 @@ TEST(IndexedDataset, WritesMegatronBytes) {
 
 // The reader returns what the builder wrote: counts, lengths, document ranges, token slices.
 TEST(IndexedDataset, ReadsBack) {
-  TmpDir dir;
-  const std::string p = dir.prefix("ref");
+  td::test::TempDir dir;
+  const std::string p = dir.path("ref");
   write_reference(p);
   const IndexedDataset ds(p);
   EXPECT_EQ(ds.num_sequences(), 4);
@@ -171,7 +147,7 @@ TEST(IndexedDataset, ReadsBack) {
 
 // Every integer dtype keeps its extreme values through a write and a read.
 TEST(IndexedDataset, RoundTripsEveryIntegerDtype) {
-  TmpDir dir;
+  td::test::TempDir dir;
   struct Case {
     uint8_t code;
     int64_t lo, hi;
@@ -187,7 +163,7 @@ TEST(IndexedDataset, RoundTripsEveryIntegerDtype) {
       {td::data::kDTypeUInt16, 0, 65535},
   };
   for (const auto& c : cases) {
-    const std::string p = dir.prefix(std::string("d").append(std::to_string(c.code)));
+    const std::string p = dir.path(std::string("d").append(std::to_string(c.code)));
     const std::vector<int64_t> seq = {c.lo, c.hi, 0, 1, c.hi - 1};
     {
       IndexedDatasetBuilder b(p, c.code);
@@ -204,20 +180,20 @@ TEST(IndexedDataset, RoundTripsEveryIntegerDtype) {
 
 // A value that does not fit the dtype is rejected by name, and nothing of it is written.
 TEST(IndexedDataset, BuilderRejectsOverflow) {
-  TmpDir dir;
-  IndexedDatasetBuilder b(dir.prefix("o"), td::data::kDTypeUInt16);
+  td::test::TempDir dir;
+  IndexedDatasetBuilder b(dir.path("o"), td::data::kDTypeUInt16);
   const std::vector<int64_t> big = {1, 65536};
   const std::vector<int64_t> neg = {-1};
   expect_error([&] { b.add_sequence(big.data(), 2); }, {"token 65536", "position 1", "uint16"});
   expect_error([&] { b.add_sequence(neg.data(), 1); }, {"token -1", "uint16"});
   EXPECT_EQ(b.num_sequences(), 0);
-  IndexedDatasetBuilder b8(dir.prefix("o8"), td::data::kDTypeInt8);
+  IndexedDatasetBuilder b8(dir.path("o8"), td::data::kDTypeInt8);
   const std::vector<int64_t> v128 = {128};
   expect_error([&] { b8.add_sequence(v128.data(), 1); }, {"token 128", "int8"});
   // Float codes and unknown codes are not token dtypes.
-  expect_error([&] { IndexedDatasetBuilder(dir.prefix("f"), td::data::kDTypeFloat32); },
+  expect_error([&] { IndexedDatasetBuilder(dir.path("f"), td::data::kDTypeFloat32); },
                {"float32", "not an integer"});
-  expect_error([&] { IndexedDatasetBuilder(dir.prefix("f"), 9); }, {"dtype code 9"});
+  expect_error([&] { IndexedDatasetBuilder(dir.path("f"), 9); }, {"dtype code 9"});
 }
 
 // Megatron's DType.optimal_dtype rule.
@@ -231,17 +207,17 @@ TEST(IndexedDataset, BestDtypeCode) {
 // A builder that is never finalized leaves existing destination files untouched and removes its
 // temporaries; finalize closes a trailing unfinished document; a second finalize is an error.
 TEST(IndexedDataset, BuilderIsAtomic) {
-  TmpDir dir;
-  const std::string p = dir.prefix("a");
+  td::test::TempDir dir;
+  const std::string p = dir.path("a");
   write_reference(p);
-  const auto idx0 = read_bytes(p + ".idx"), bin0 = read_bytes(p + ".bin");
+  const auto idx0 = read_bytes<Bytes>(p + ".idx"), bin0 = read_bytes<Bytes>(p + ".bin");
   {
     IndexedDatasetBuilder b(p, td::data::kDTypeInt32);
     add(b, {7, 8, 9});
     b.end_document();
   }  // abandoned
-  EXPECT_EQ(read_bytes(p + ".idx"), idx0);
-  EXPECT_EQ(read_bytes(p + ".bin"), bin0);
+  EXPECT_EQ(read_bytes<Bytes>(p + ".idx"), idx0);
+  EXPECT_EQ(read_bytes<Bytes>(p + ".bin"), bin0);
   EXPECT_FALSE(fs::exists(p + ".bin.tmp"));
 
   IndexedDatasetBuilder b(p, td::data::kDTypeInt32);
@@ -258,8 +234,8 @@ TEST(IndexedDataset, BuilderIsAtomic) {
 
 // An empty dataset (no sequences, document_indices = [0]) is valid.
 TEST(IndexedDataset, EmptyDataset) {
-  TmpDir dir;
-  const std::string p = dir.prefix("e");
+  td::test::TempDir dir;
+  const std::string p = dir.path("e");
   IndexedDatasetBuilder(p, td::data::kDTypeUInt16).finalize();
   const IndexedDataset ds(p);
   EXPECT_EQ(ds.num_sequences(), 0);
@@ -269,15 +245,14 @@ TEST(IndexedDataset, EmptyDataset) {
 
 // Each corruption is caught at open with a td::Error that names the .idx file and the problem.
 TEST(IndexedDataset, RejectsCorruptFiles) {
-  TmpDir dir;
-  const std::string good = dir.prefix("good");
+  td::test::TempDir dir;
+  const std::string good = dir.path("good");
   write_reference(good);
-  const auto idx = read_bytes(good + ".idx"), bin = read_bytes(good + ".bin");
+  const auto idx = read_bytes<Bytes>(good + ".idx"), bin = read_bytes<Bytes>(good + ".bin");
   int n = 0;
   // Writes a (possibly modified) copy and expects opening it to fail with `parts`.
-  auto check = [&](const std::vector<unsigned char>& i, const std::vector<unsigned char>& b,
-                   std::vector<std::string> parts) {
-    const std::string p = dir.prefix("bad" + std::to_string(n++));
+  auto check = [&](const Bytes& i, const Bytes& b, std::vector<std::string> parts) {
+    const std::string p = dir.path("bad" + std::to_string(n++));
     write_bytes(p + ".idx", i);
     write_bytes(p + ".bin", b);
     parts.push_back(p + ".idx");
@@ -359,19 +334,19 @@ TEST(IndexedDataset, RejectsCorruptFiles) {
     check(i, bin, {"document_indices[0] is 1"});
   }
   // Missing files name the path.
-  expect_error([&] { IndexedDataset ds(dir.prefix("missing")); },
-               {"cannot open", dir.prefix("missing") + ".idx"});
-  fs::remove(dir.prefix("good") + ".bin");
+  expect_error([&] { IndexedDataset ds(dir.path("missing")); },
+               {"cannot open", dir.path("missing") + ".idx"});
+  fs::remove(dir.path("good") + ".bin");
   expect_error([&] { IndexedDataset ds(good); }, {"cannot open", good + ".bin"});
 }
 
 // A float dataset (Megatron allows them for other uses) opens, but token reads refuse it.
 TEST(IndexedDataset, FloatTokensRejectedOnRead) {
-  TmpDir dir;
-  const std::string p = dir.prefix("f");
+  td::test::TempDir dir;
+  const std::string p = dir.path("f");
   write_reference(p);
-  auto idx = read_bytes(p + ".idx");
-  auto bin = read_bytes(p + ".bin");
+  auto idx = read_bytes<Bytes>(p + ".idx");
+  auto bin = read_bytes<Bytes>(p + ".bin");
   idx[17] = td::data::kDTypeFloat32;  // 4-byte items: rewrite pointers for lengths 3,1,2,0
   put_le<int64_t>(idx, 50 + 8, 12);
   put_le<int64_t>(idx, 50 + 16, 16);
@@ -388,10 +363,10 @@ TEST(IndexedDataset, FloatTokensRejectedOnRead) {
 // Megatron's multimodal indexes carry one int8 mode per sequence after document_indices; the
 // reader accepts (and ignores) them.
 TEST(IndexedDataset, AcceptsMultimodalModes) {
-  TmpDir dir;
-  const std::string p = dir.prefix("m");
+  td::test::TempDir dir;
+  const std::string p = dir.path("m");
   write_reference(p);
-  auto idx = read_bytes(p + ".idx");
+  auto idx = read_bytes<Bytes>(p + ".idx");
   idx.insert(idx.end(), {0, 1, 0, 1});
   write_bytes(p + ".idx", idx);
   const IndexedDataset ds(p);

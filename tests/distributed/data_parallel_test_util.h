@@ -1,7 +1,7 @@
 #pragma once
 // Shared pieces of the data-parallel suites (test_data_parallel.cpp,
 // test_distributed_optimizer.cpp): a small GPT, a deterministic global batch that every rank can
-// build, and tolerance checks.
+// build, the single-process reference training step, and tolerance checks.
 //
 // Note [DP tolerance]: DDP's gradient is mean_r(grad of rank r's mean loss), the reference is the
 // gradient of the mean loss over the whole batch in one process. Both are fp32 sums of the same
@@ -25,11 +25,15 @@
 
 #include "tardelli/core/rng.h"
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/distributed/data_parallel.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/optim/optim.h"
 
 namespace td::distributed::dp_test {
+
+// Rows of the global batch that each rank trains on.
+inline constexpr int64_t kRowsPerRank = 2;
 
 inline CommPtr world() {
   static CommPtr w = mpi_world(CommOptions{std::chrono::seconds(60), true});
@@ -94,6 +98,60 @@ inline std::vector<optim::ParamGroup> adamw_groups(const models::GPT& m, double 
     out.emplace_back(ps, std::nullopt, g.weight_decay);
   }
   return out;
+}
+
+// This rank's part of a data-parallel step: forward and backward on its kRowsPerRank rows of the
+// global batch, then the gradient sync. Returns the local mean loss.
+inline Tensor local_forward_backward(models::GPT& model, DistributedDataParallel& ddp,
+                                     const Batch& global, int rank) {
+  Batch local = global.rows(rank * kRowsPerRank, kRowsPerRank);
+  Tensor loss = model.forward(local.idx, local.targets);
+  loss.backward();
+  ddp.finish_grad_sync();
+  return loss;
+}
+
+// The loss and the gradient norm (before clipping) of one training step.
+struct StepResult {
+  double loss, grad_norm;
+};
+
+// One single-process reference step on the whole global batch: zero the gradients, mean loss,
+// backward, clip_grad_norm_(max_norm), then opt.step().
+inline StepResult reference_step(models::GPT& model, optim::AdamW& opt, const Batch& global,
+                                 double max_norm) {
+  opt.zero_grad(true);
+  Tensor loss = model.forward(global.idx, global.targets);
+  loss.backward();
+  const double norm = optim::clip_grad_norm_(model.parameters(), max_norm);
+  opt.step();
+  return {loss.item_double(), norm};
+}
+
+// This rank's loss averaged over the ranks, and the data-parallel gradient norm, equal the
+// reference step's (Note [DP tolerance]), and the reference norm exceeds max_norm (clipping bit).
+inline void expect_step_matches(Communicator& comm, const Tensor& local_loss, double norm,
+                                const StepResult& ref, double max_norm, const std::string& what) {
+  Tensor l = local_loss.detach().clone().reshape({1});
+  comm.all_reduce(l, ReduceOp::Avg);
+  EXPECT_NEAR(l.item_double(), ref.loss, 1e-5 * ref.loss) << what;
+  EXPECT_NEAR(norm, ref.grad_norm, 1e-5 * ref.grad_norm) << what;
+  EXPECT_GT(ref.grad_norm, max_norm) << "clipping should be active";
+}
+
+// Every parameter of `model` matches the reference model's (Note [DP tolerance]) and is bitwise
+// identical on every rank.
+inline void expect_params_match_and_replicated(Communicator& comm, const models::GPT& model,
+                                               const models::GPT& ref) {
+  auto ref_params = ref.named_parameters();
+  auto params = model.named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    expect_close(params[i].second, ref_params[i].second, params[i].first);
+    Tensor hi = params[i].second.detach().clone(), lo = hi.clone();
+    comm.all_reduce(hi, ReduceOp::Max);
+    comm.all_reduce(lo, ReduceOp::Min);
+    EXPECT_EQ(to_vector<float>(hi), to_vector<float>(lo)) << params[i].first << " differs";
+  }
 }
 
 }  // namespace td::distributed::dp_test

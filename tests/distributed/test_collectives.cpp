@@ -29,9 +29,12 @@
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/reduction.h"
 #include "tardelli/ops/view.h"
+#include "test_util.h"
 
 namespace td::distributed {
 namespace {
+
+using td::test::error_of;
 
 CommPtr world() {
   static CommPtr w = mpi_world();  // timeout: TD_COMM_TIMEOUT_S (ctest: 60 s)
@@ -277,15 +280,6 @@ TEST(Collectives, SingleRankGroupIsIdentity) {
     Tensor y = c.fn(x, self, -1);
     EXPECT_TRUE(y.is_same(x)) << c.name;
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Property: bad arguments raise td::Error on every rank before any communication (so no rank

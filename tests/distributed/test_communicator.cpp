@@ -15,11 +15,13 @@
 
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/ops/factory.h"
+#include "test_util.h"
 
 namespace td::distributed {
 namespace {
 
 using std::chrono::milliseconds;
+using td::test::error_of;
 
 CommPtr world() {
   static CommPtr w = mpi_world(CommOptions{std::chrono::seconds(60), true});
@@ -390,15 +392,6 @@ TEST(MpiComm, ManyAsyncOpsWaitedInReverseOrder) {
   EXPECT_TRUE(same_values(values(c), wc));
 }
 
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 // Property: ranks that disagree on the count, dtype, splits or the collective itself get a
 // td::Error on EVERY rank listing each rank's values, instead of a hang or corrupted memory;
 // the group stays usable.
@@ -406,13 +399,13 @@ TEST(MpiComm, MismatchedCountsAndDtypesAreReportedByEveryRank) {
   CommPtr w = world();
   const int me = w->rank();
   Tensor t = ones({10 + me});
-  std::string msg = error_text([&] { w->all_reduce(t); });
+  std::string msg = error_of([&] { w->all_reduce(t); });
   EXPECT_NE(msg.find("ranks disagree"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rank 0: all_reduce(sum) of 10 float32"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rank 1: all_reduce(sum) of 11 float32"), std::string::npos) << msg;
 
   Tensor d = ones({4}, {me == 0 ? DType::Float32 : DType::BFloat16});
-  msg = error_text([&] { w->broadcast(d, 0); });
+  msg = error_of([&] { w->broadcast(d, 0); });
   EXPECT_NE(msg.find("rank 0: broadcast(root 0) of 4 float32"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rank 1: broadcast(root 0) of 4 bfloat16"), std::string::npos) << msg;
 
@@ -421,13 +414,13 @@ TEST(MpiComm, MismatchedCountsAndDtypesAreReportedByEveryRank) {
   std::vector<int64_t> in_splits(n, 2), out_splits(n, 2);
   if (me == 0) out_splits[1] = 3;
   Tensor in = ones({2 * n}), out = empty({2 * n + (me == 0 ? 1 : 0)});
-  msg = error_text([&] { w->all_to_all(out, in, out_splits, in_splits); });
+  msg = error_of([&] { w->all_to_all(out, in, out_splits, in_splits); });
   EXPECT_NE(msg.find("rank 1 sends 2 elements to rank 0, which expects 3"), std::string::npos)
       << msg;
 
   // Different collectives: rank 0 all_reduce, the others all_to_all.
   Tensor x = ones({2 * n}), y = empty({2 * n});
-  msg = error_text([&] {
+  msg = error_of([&] {
     if (me == 0) {
       w->all_reduce(x);
     } else {
@@ -455,7 +448,7 @@ TEST(MpiComm, TimeoutNamesTheOperationAndLateJoinRecovers) {
   if (w->rank() == 0) {
     WorkPtr work = w->all_reduce(t, ReduceOp::Sum, true);
     auto t0 = std::chrono::steady_clock::now();
-    std::string msg = error_text([&] { work->wait(); });
+    std::string msg = error_of([&] { work->wait(); });
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string want = "rank 0 of group 'world' (size " + std::to_string(n) +
                        "): all_reduce(sum) of 1000 float32 timed out after 2 s";
@@ -481,35 +474,35 @@ TEST(MpiComm, BadArgumentsRaiseLocally) {
   const int n = w->size();
   Tensor m = ones({4, 6});
   Tensor nc = m.transpose(0, 1);
-  std::string msg = error_text([&] { w->all_reduce(nc); });
+  std::string msg = error_of([&] { w->all_reduce(nc); });
   EXPECT_NE(msg.find("all_reduce (rank " + std::to_string(w->rank()) + " of group 'world'"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("contiguous"), std::string::npos) << msg;
   Tensor out = empty({3});
-  msg = error_text([&] { w->all_gather(out, ones({2})); });
+  msg = error_of([&] { w->all_gather(out, ones({2})); });
   EXPECT_NE(msg.find("size() * in.numel()"), std::string::npos) << msg;
-  msg = error_text([&] { w->all_gather(out, ones({3}, {DType::Int32})); });
+  msg = error_of([&] { w->all_gather(out, ones({3}, {DType::Int32})); });
   EXPECT_NE(msg.find("same dtype"), std::string::npos) << msg;
-  msg = error_text([&] { w->reduce_scatter(out, ones({3 * n + 1})); });
+  msg = error_of([&] { w->reduce_scatter(out, ones({3 * n + 1})); });
   EXPECT_NE(msg.find("size() * out.numel()"), std::string::npos) << msg;
   Tensor b = ones({2}, {DType::Bool});
-  msg = error_text([&] { w->all_reduce(b, ReduceOp::Avg); });
+  msg = error_of([&] { w->all_reduce(b, ReduceOp::Avg); });
   EXPECT_NE(msg.find("avg is not defined for bool"), std::string::npos) << msg;
-  msg = error_text([&] { w->broadcast(out, n); });
+  msg = error_of([&] { w->broadcast(out, n); });
   EXPECT_NE(msg.find("root " + std::to_string(n) + " is out of range"), std::string::npos) << msg;
-  msg = error_text([&] { w->send(out, w->rank()); });
+  msg = error_of([&] { w->send(out, w->rank()); });
   EXPECT_NE(msg.find("cannot send to itself"), std::string::npos) << msg;
-  msg = error_text([&] { w->recv(out, -1); });
+  msg = error_of([&] { w->recv(out, -1); });
   EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
-  msg = error_text([&] { w->all_to_all(out, ones({3}), {1}, {}); });
+  msg = error_of([&] { w->all_to_all(out, ones({3}), {1}, {}); });
   EXPECT_NE(msg.find("out_splits has 1 entries"), std::string::npos) << msg;
   Tensor o2 = empty({2 * n});
   std::vector<int64_t> bad(n, 2);
   bad[0] = 3;
-  msg = error_text([&] { w->all_to_all(o2, ones({2 * n}), {}, bad); });
+  msg = error_of([&] { w->all_to_all(o2, ones({2 * n}), {}, bad); });
   EXPECT_NE(msg.find("in_splits sum to " + std::to_string(2 * n + 1)), std::string::npos) << msg;
-  msg = error_text([&] { w->all_gather(o2, o2.narrow(0, 0, 2)); });
+  msg = error_of([&] { w->all_gather(o2, o2.narrow(0, 0, 2)); });
   EXPECT_NE(msg.find("must not share storage"), std::string::npos) << msg;
   EXPECT_EQ(std::string(w->backend()), "mpi");
   EXPECT_TRUE(mpi_available());

@@ -13,13 +13,7 @@
 namespace td::distributed {
 namespace {
 
-using dp_test::Batch;
-using dp_test::expect_close;
-using dp_test::global_batch;
-using dp_test::tiny_gpt;
-using dp_test::world;
-
-constexpr int64_t kRowsPerRank = 2;
+using namespace dp_test;
 
 int64_t total_numel(const models::GPT& m) {
   int64_t n = 0;
@@ -46,37 +40,18 @@ TEST(ZeRO1, FiveStepsMatchSingleProcess) {
     // Some shard piece must straddle: pieces of both groups in one bucket.
     for (int step = 0; step < 5; ++step) {
       Batch global = global_batch(kRowsPerRank * n, 20 + step);
-      ref_opt.zero_grad(true);
-      Tensor ref_loss = ref->forward(global.idx, global.targets);
-      ref_loss.backward();
-      const double ref_norm = optim::clip_grad_norm_(ref->parameters(), 0.5);
-      ref_opt.step();
+      const StepResult want = reference_step(*ref, ref_opt, global, 0.5);
 
       opt.zero_grad();
-      Batch local = global.rows(r * kRowsPerRank, kRowsPerRank);
-      Tensor loss = model->forward(local.idx, local.targets);
-      loss.backward();
-      ddp.finish_grad_sync();
+      Tensor loss = local_forward_backward(*model, ddp, global, r);
       const double norm = opt.clip_grad_norm(0.5);
       opt.step();
-
-      Tensor l = loss.detach().clone().reshape({1});
-      comm->all_reduce(l, ReduceOp::Avg);
-      EXPECT_NEAR(l.item_double(), ref_loss.item_double(), 1e-5 * ref_loss.item_double())
-          << "step " << step << " bucket_bytes " << bucket_bytes;
-      EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << step;
-      EXPECT_GT(ref_norm, 0.5) << "clipping should be active";
+      expect_step_matches(
+          *comm, loss, norm, want, 0.5,
+          "step " + std::to_string(step) + " bucket_bytes " + std::to_string(bucket_bytes));
     }
     EXPECT_EQ(opt.step_count(), 5);
-    auto ref_params = ref->named_parameters();
-    auto params = model->named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      expect_close(params[i].second, ref_params[i].second, params[i].first);
-      Tensor hi = params[i].second.detach().clone(), lo = hi.clone();
-      comm->all_reduce(hi, ReduceOp::Max);
-      comm->all_reduce(lo, ReduceOp::Min);
-      EXPECT_EQ(to_vector<float>(hi), to_vector<float>(lo)) << params[i].first << " differs";
-    }
+    expect_params_match_and_replicated(*comm, *model, *ref);
   }
 }
 

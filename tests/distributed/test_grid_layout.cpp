@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -11,9 +10,12 @@
 
 #include "tardelli/core/error.h"
 #include "tardelli/distributed/process_grid.h"
+#include "test_util.h"
 
 namespace td::distributed {
 namespace {
+
+using td::test::error_of;
 
 using Groups = std::vector<std::vector<int>>;
 
@@ -186,15 +188,6 @@ TEST(GridLayout, KnownLayouts) {
   EXPECT_EQ(c5.dp, 1);
   EXPECT_EQ(c5.ep, 2);
   EXPECT_EQ(c5.edp, 0);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Property: invalid configurations and axis strings raise td::Error with a message naming the

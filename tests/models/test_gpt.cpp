@@ -11,11 +11,13 @@
 
 #include "tardelli/models/gpt.h"
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
 using td::models::Arch;
 using td::models::GPT;
 using td::models::GPTConfig;
+using td::test::error_of;
 
 namespace {
 
@@ -50,18 +52,6 @@ double stddev(const Tensor& t) {
   const double mean = s / static_cast<double>(v.size());
   for (float x : v) s2 += (x - mean) * (x - mean);
   return std::sqrt(s2 / static_cast<double>(v.size()));
-}
-
-// The error message of `f`, which must throw td::Error.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const td::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a td::Error";
-  return "";
 }
 
 // Greedy decoding by rerunning the full forward on the (cropped) context at every step: the

@@ -2,7 +2,6 @@
 // layout, files without the "transformer." prefix, tied lm_head, and every unsupported or
 // inconsistent checkpoint as a clear td::Error. The comparison against transformers itself is
 // tests/python/test_hf_interop.py.
-#include "test_util.h"
 #include "tardelli/models/hf_gpt2.h"
 
 #include <gtest/gtest.h>
@@ -14,11 +13,13 @@
 
 #include "tardelli/checkpoint/safetensors.h"
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace td;
+using namespace td::test;
 using td::checkpoint::load_safetensors;
 using td::checkpoint::save_safetensors;
 using td::models::Arch;
@@ -39,21 +40,6 @@ GPTConfig tiny(Arch arch = Arch::GPT2) {
 
 class HFGPT2 : public td::test::TempDirTest {};
 
-using td::test::read_bytes;
-using td::test::write_bytes;
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  Tensor ca = a.detach().contiguous(), cb = b.detach().contiguous();
-  return ca.dtype() == cb.dtype() && ca.sizes() == cb.sizes() &&
-         std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
-}
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const td::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 // Rewrites dir/model.safetensors through `edit` (names and tensors in file order).
 void edit_file(const std::string& dir, const std::function<void(checkpoint::NamedTensors&)>& edit) {
   const std::string p = dir + "/model.safetensors";

@@ -9,23 +9,12 @@
 
 #include "tardelli/nn/nn.h"
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol, const char* what = "") {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " element " << i;
-  }
-}
 
 double mean_of(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());

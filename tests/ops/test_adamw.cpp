@@ -4,20 +4,12 @@
 #include <vector>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
-Tensor randn_seeded(const Shape& s, uint64_t seed, double scale = 1.0) {
-  Generator gen(seed);
-  return mul(randn(s, {}, &gen), scale);
-}
 
 // torch.optim.AdamW, one element, in double:
 //   p *= 1 - lr wd; m = m + (1 - b1)(g - m); v = b2 v + (1 - b2) g^2
@@ -36,14 +28,6 @@ void ref_step(RefState& s, const std::vector<double>& g, const AdamWConfig& c, R
     s.v[i] = c.beta2 * s.v[i] + (1 - c.beta2) * g[i] * g[i];
     p -= c.lr / bc1 * s.m[i] / (std::sqrt(s.v[i]) / std::sqrt(bc2) + c.eps);
     s.p[i] = round(p);
-  }
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol, const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " element " << i;
   }
 }
 

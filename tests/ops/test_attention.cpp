@@ -7,16 +7,12 @@
 #include <limits>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using td::test::randn_seeded;
 
 namespace {
-
-Tensor rnd(const Shape& s, uint64_t seed, DType dt = DType::Float32) {
-  Generator g(seed);
-  Tensor t = randn(s, {}, &g);
-  return dt == DType::Float32 ? t : t.to(dt);
-}
 
 struct Ref {
   std::vector<double> out, lse, dq, dk, dv;
@@ -130,10 +126,10 @@ TEST(Attention, FlashMatchesReference) {
   for (const Case& c : cases) {
     SCOPED_TRACE(testing::Message() << "B" << c.B << " H" << c.H << " Hkv" << c.Hkv << " Tq" << c.Tq
                                     << " Tk" << c.Tk << " causal " << c.causal);
-    Tensor q = rnd({c.B, c.H, c.Tq, c.D}, seed++).set_requires_grad(true);
-    Tensor k = rnd({c.B, c.Hkv, c.Tk, c.D}, seed++).set_requires_grad(true);
-    Tensor v = rnd({c.B, c.Hkv, c.Tk, c.Dv}, seed++).set_requires_grad(true);
-    Tensor g = rnd({c.B, c.H, c.Tq, c.Dv}, seed++);
+    Tensor q = randn_seeded({c.B, c.H, c.Tq, c.D}, seed++).set_requires_grad(true);
+    Tensor k = randn_seeded({c.B, c.Hkv, c.Tk, c.D}, seed++).set_requires_grad(true);
+    Tensor v = randn_seeded({c.B, c.Hkv, c.Tk, c.Dv}, seed++).set_requires_grad(true);
+    Tensor g = randn_seeded({c.B, c.H, c.Tq, c.Dv}, seed++);
     double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     Ref r = ref_attention(q.detach(), k.detach(), v.detach(), c.causal, scale, nullptr, &g);
     AttentionForward f =
@@ -152,10 +148,10 @@ TEST(Attention, FlashMatchesReference) {
 // Any input layout: q/k/v as [B, T, H, D] tensors transposed to [B, H, T, D], and a sliced
 // head dim, give the reference values.
 TEST(Attention, NonContiguousInputs) {
-  Tensor q = rnd({2, 50, 4, 16}, 200).transpose(1, 2);
-  Tensor k = rnd({2, 66, 2, 16}, 201).transpose(1, 2);
-  Tensor v = rnd({2, 66, 2, 40}, 202).transpose(1, 2).narrow(3, 5, 16);
-  Tensor g = rnd({2, 50, 4, 16}, 203).transpose(1, 2);
+  Tensor q = randn_seeded({2, 50, 4, 16}, 200).transpose(1, 2);
+  Tensor k = randn_seeded({2, 66, 2, 16}, 201).transpose(1, 2);
+  Tensor v = randn_seeded({2, 66, 2, 40}, 202).transpose(1, 2).narrow(3, 5, 16);
+  Tensor g = randn_seeded({2, 50, 4, 16}, 203).transpose(1, 2);
   double scale = 0.3;
   Ref r = ref_attention(q, k, v, true, scale, nullptr, &g);
   AttentionForward f = flash_attention_forward(q, k, v, true, scale);
@@ -169,9 +165,9 @@ TEST(Attention, NonContiguousInputs) {
 // Gradients of the fused path agree with central differences (small sizes, fp32).
 TEST(Attention, Gradcheck) {
   for (bool causal : {false, true}) {
-    Tensor q = rnd({1, 2, 5, 3}, 210).set_requires_grad(true);
-    Tensor k = rnd({1, 1, 6, 3}, 211).set_requires_grad(true);
-    Tensor v = rnd({1, 1, 6, 2}, 212).set_requires_grad(true);
+    Tensor q = randn_seeded({1, 2, 5, 3}, 210).set_requires_grad(true);
+    Tensor k = randn_seeded({1, 1, 6, 3}, 211).set_requires_grad(true);
+    Tensor v = randn_seeded({1, 1, 6, 2}, 212).set_requires_grad(true);
     auto r = autograd::gradcheck(
         [causal](const TensorList& in) {
           return scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), causal);
@@ -190,13 +186,13 @@ TEST(Attention, CompositeMatchesFlash) {
     for (int64_t j = 0; j < Tk; ++j) keep[i * Tk + j] = j <= i + Tk - Tq;
   }
   Tensor mask = from_vector<bool>(keep, {Tq, Tk});
-  Tensor g = rnd({B, H, Tq, D}, 223);
+  Tensor g = randn_seeded({B, H, Tq, D}, 223);
   TensorList grads[2];
   Tensor outs[2];
   for (int path = 0; path < 2; ++path) {
-    Tensor q = rnd({B, H, Tq, D}, 220).set_requires_grad(true);
-    Tensor k = rnd({B, Hkv, Tk, D}, 221).set_requires_grad(true);
-    Tensor v = rnd({B, Hkv, Tk, D}, 222).set_requires_grad(true);
+    Tensor q = randn_seeded({B, H, Tq, D}, 220).set_requires_grad(true);
+    Tensor k = randn_seeded({B, Hkv, Tk, D}, 221).set_requires_grad(true);
+    Tensor v = randn_seeded({B, Hkv, Tk, D}, 222).set_requires_grad(true);
     outs[path] = path == 0 ? scaled_dot_product_attention(q, k, v, mask)
                            : scaled_dot_product_attention(q, k, v, Tensor(), true);
     outs[path].backward(g);
@@ -214,8 +210,9 @@ TEST(Attention, CompositeMatchesFlash) {
 // reference and finite differences.
 TEST(Attention, FloatMask) {
   const int64_t B = 1, H = 2, T = 6, D = 4;
-  Tensor mask = rnd({1, 1, T, T}, 230);
-  Tensor q = rnd({B, H, T, D}, 231), k = rnd({B, 1, T, D}, 232), v = rnd({B, 1, T, D}, 233);
+  Tensor mask = randn_seeded({1, 1, T, T}, 230);
+  Tensor q = randn_seeded({B, H, T, D}, 231), k = randn_seeded({B, 1, T, D}, 232),
+         v = randn_seeded({B, 1, T, D}, 233);
   std::vector<float> mv = to_vector<float>(mask);
   std::vector<double> full(B * H * T * T);
   for (size_t i = 0; i < full.size(); ++i) full[i] = mv[i % (T * T)];
@@ -234,10 +231,10 @@ TEST(Attention, FloatMask) {
 // magnitude bounds both, against a reference on the same bf16-rounded inputs.
 TEST(Attention, BFloat16) {
   const DType bf = DType::BFloat16;
-  Tensor q = rnd({1, 4, 90, 32}, 240, bf).set_requires_grad(true);
-  Tensor k = rnd({1, 2, 90, 32}, 241, bf).set_requires_grad(true);
-  Tensor v = rnd({1, 2, 90, 32}, 242, bf).set_requires_grad(true);
-  Tensor g = rnd({1, 4, 90, 32}, 243, bf);
+  Tensor q = randn_seeded({1, 4, 90, 32}, 240, bf).set_requires_grad(true);
+  Tensor k = randn_seeded({1, 2, 90, 32}, 241, bf).set_requires_grad(true);
+  Tensor v = randn_seeded({1, 2, 90, 32}, 242, bf).set_requires_grad(true);
+  Tensor g = randn_seeded({1, 4, 90, 32}, 243, bf);
   Ref r =
       ref_attention(q.detach(), k.detach(), v.detach(), true, 1.0 / std::sqrt(32.0), nullptr, &g);
   Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), true);
@@ -254,7 +251,8 @@ TEST(Attention, BFloat16) {
 // below the 4 MiB one fp32 T x T score matrix would take.
 TEST(Attention, FlashDoesNotMaterializeScores) {
   const int64_t T = 1024, D = 32;
-  Tensor q = rnd({1, 1, T, D}, 250), k = rnd({1, 1, T, D}, 251), v = rnd({1, 1, T, D}, 252);
+  Tensor q = randn_seeded({1, 1, T, D}, 250), k = randn_seeded({1, 1, T, D}, 251),
+         v = randn_seeded({1, 1, T, D}, 252);
   reset_peak_memory_stats();
   int64_t before = memory_stats().current_bytes;
   AttentionForward f = flash_attention_forward(q, k, v, true, 0.2);
@@ -265,8 +263,8 @@ TEST(Attention, FlashDoesNotMaterializeScores) {
 
 // Two runs give bitwise identical gradients (fixed summation order per kv head).
 TEST(Attention, BackwardIsDeterministic) {
-  Tensor q = rnd({2, 4, 100, 16}, 260), k = rnd({2, 1, 100, 16}, 261);
-  Tensor v = rnd({2, 1, 100, 16}, 262), g = rnd({2, 4, 100, 16}, 263);
+  Tensor q = randn_seeded({2, 4, 100, 16}, 260), k = randn_seeded({2, 1, 100, 16}, 261);
+  Tensor v = randn_seeded({2, 1, 100, 16}, 262), g = randn_seeded({2, 4, 100, 16}, 263);
   AttentionForward f = flash_attention_forward(q, k, v, true, 0.25);
   auto a = flash_attention_backward(g, q, k, v, f.out, f.lse, true, 0.25);
   auto b = flash_attention_backward(g, q, k, v, f.out, f.lse, true, 0.25);
@@ -277,21 +275,22 @@ TEST(Attention, BackwardIsDeterministic) {
 
 // Bad shapes, dtypes and argument combinations raise td::Error.
 TEST(Attention, BadInputIsAnError) {
-  Tensor q = rnd({1, 3, 4, 8}, 270), k = rnd({1, 2, 4, 8}, 271), v = rnd({1, 2, 4, 8}, 272);
+  Tensor q = randn_seeded({1, 3, 4, 8}, 270), k = randn_seeded({1, 2, 4, 8}, 271),
+         v = randn_seeded({1, 2, 4, 8}, 272);
   EXPECT_THROW(scaled_dot_product_attention(q, k, v), Error);  // 3 heads vs 2 kv heads
-  Tensor q2 = rnd({1, 2, 4, 8}, 273);
-  EXPECT_THROW(scaled_dot_product_attention(q2, rnd({1, 2, 4, 7}, 274), v), Error);  // D
-  EXPECT_THROW(scaled_dot_product_attention(q2, k, rnd({1, 2, 5, 8}, 275)), Error);  // Tk
-  EXPECT_THROW(scaled_dot_product_attention(q2.view({2, 4, 8}), k, v), Error);       // 3-D
-  EXPECT_THROW(scaled_dot_product_attention(q2, k.to(DType::BFloat16), v), Error);   // dtype
-  EXPECT_THROW(scaled_dot_product_attention(rnd({1, 2, 6, 8}, 276), k, v, Tensor(), true),
+  Tensor q2 = randn_seeded({1, 2, 4, 8}, 273);
+  EXPECT_THROW(scaled_dot_product_attention(q2, randn_seeded({1, 2, 4, 7}, 274), v), Error);  // D
+  EXPECT_THROW(scaled_dot_product_attention(q2, k, randn_seeded({1, 2, 5, 8}, 275)), Error);  // Tk
+  EXPECT_THROW(scaled_dot_product_attention(q2.view({2, 4, 8}), k, v), Error);                // 3-D
+  EXPECT_THROW(scaled_dot_product_attention(q2, k.to(DType::BFloat16), v), Error);  // dtype
+  EXPECT_THROW(scaled_dot_product_attention(randn_seeded({1, 2, 6, 8}, 276), k, v, Tensor(), true),
                Error);  // causal with Tq > Tk
   Tensor m = from_vector<bool>(std::vector<bool>(16, true), {4, 4});
   EXPECT_THROW(scaled_dot_product_attention(q2, k, v, m, true), Error);  // mask and causal
   EXPECT_THROW(scaled_dot_product_attention(q2, k, v, from_vector<bool>({true, false}, {2})),
                Error);  // mask does not broadcast
-  EXPECT_THROW(scaled_dot_product_attention(q2, k, v, rnd({4, 4}, 277, DType::BFloat16)),
+  EXPECT_THROW(scaled_dot_product_attention(q2, k, v, randn_seeded({4, 4}, 277, DType::BFloat16)),
                Error);  // float mask of another dtype
-  EXPECT_THROW(flash_attention_backward(q2, q2, k, v, q2, rnd({1, 2, 3}, 278), false, 1.0),
+  EXPECT_THROW(flash_attention_backward(q2, q2, k, v, q2, randn_seeded({1, 2, 3}, 278), false, 1.0),
                Error);  // lse shape
 }

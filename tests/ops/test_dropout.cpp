@@ -4,8 +4,10 @@
 #include <cmath>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using td::test::ThreadCount;
 
 namespace {
 
@@ -28,12 +30,6 @@ Tensor nonzero_input(const Shape& shape, uint64_t seed) {
   Generator gen(seed);
   return add(rand(shape, {}, &gen), 0.5);
 }
-
-struct ThreadCount {
-  explicit ThreadCount(int n) : prev(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(prev); }
-  int prev;
-};
 
 }  // namespace
 

@@ -4,17 +4,10 @@
 #include <vector>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
-
-namespace {
-
-Tensor randn_seeded(const Shape& s, uint64_t seed) {
-  Generator gen(seed);
-  return randn(s, {}, &gen);
-}
-
-}  // namespace
+using td::test::randn_seeded;
 
 // The lookup copies weight rows exactly (a gather: bitwise equal), for int64 and int32
 // indices of any shape (here [2, 3] -> output [2, 3, D]), and from a strided weight.

@@ -4,15 +4,12 @@
 #include <cmath>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-Tensor rnd(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return randn(s, {}, &g);
-}
 
 // Value of a row-major tensor (given as a flat vector) at a multi-index, with broadcasting:
 // size-1 dims of `shape` are read at 0, and missing leading dims are ignored.
@@ -38,15 +35,6 @@ void for_each_index(const Shape& shape, F f) {
   }
 }
 
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 // ---------------- masked_fill ----------------
@@ -54,7 +42,7 @@ std::string error_text(const std::function<void()>& f) {
 // masked_fill writes `value` exactly where the (broadcast) mask is true, on a transposed input,
 // and the gradient passes only where the mask is false.
 TEST(Indexing, MaskedFill) {
-  Tensor x = rnd({4, 3}, 1).t();  // [3, 4], non-contiguous
+  Tensor x = randn_seeded({4, 3}, 1).t();  // [3, 4], non-contiguous
   Tensor mask = from_vector<bool>({true, false, false, true}, {4});
   Tensor y = masked_fill(x, mask, -1e9);
   auto xs = to_vector<float>(x), ys = to_vector<float>(y);
@@ -72,7 +60,7 @@ TEST(Indexing, MaskedFill) {
   Tensor xi = arange(0, 4);
   EXPECT_EQ(to_vector<int64_t>(masked_fill(xi, mask, 7)), (std::vector<int64_t>{7, 1, 2, 7}));
   // Gradient (finite differences) is zero exactly at masked positions.
-  Tensor leaf = rnd({3, 4}, 2).set_requires_grad(true);
+  Tensor leaf = randn_seeded({3, 4}, 2).set_requires_grad(true);
   auto r = autograd::gradcheck([&](const TensorList& in) { return masked_fill(in[0], mask, 3.0); },
                                {leaf});
   EXPECT_TRUE(r.ok) << r.message;
@@ -87,7 +75,7 @@ TEST(Indexing, MaskedFillBadInput) {
   EXPECT_THROW(masked_fill(x, ones({4}), 0.0), Error);  // not bool
   EXPECT_THROW(masked_fill(x, from_vector<bool>({true, false}, {2, 1}), 0.0), Error);
   EXPECT_THROW(masked_fill(x, from_vector<bool>({true, false}, {2, 1, 1}), 0.0), Error);
-  EXPECT_NE(error_text([&] { masked_fill(x, ones({4}), 0.0); }).find("masked_fill"),
+  EXPECT_NE(error_of([&] { masked_fill(x, ones({4}), 0.0); }).find("masked_fill"),
             std::string::npos);
 }
 
@@ -97,7 +85,7 @@ TEST(Indexing, MaskedFillBadInput) {
 // (a) / !cond (b), summed back over broadcast dims.
 TEST(Indexing, Where) {
   Tensor cond = from_vector<bool>({true, false, true}, {3, 1});
-  Tensor a = rnd({1, 4}, 3), b = rnd({4}, 4);
+  Tensor a = randn_seeded({1, 4}, 3), b = randn_seeded({4}, 4);
   Tensor y = where(cond, a, b);
   EXPECT_EQ(y.sizes(), (Shape{3, 4}));
   auto av = to_vector<float>(a), bv = to_vector<float>(b), yv = to_vector<float>(y);
@@ -114,7 +102,8 @@ TEST(Indexing, Where) {
   EXPECT_EQ(where(c2, ai, from_vector<int64_t>({5, 6}, {2})).dtype(), DType::Int64);
   EXPECT_EQ(where(c2, bf.to(DType::BFloat16), bf).dtype(), DType::Float32);
   // Gradients of broadcast a and b.
-  Tensor la = rnd({1, 4}, 5).set_requires_grad(true), lb = rnd({4}, 6).set_requires_grad(true);
+  Tensor la = randn_seeded({1, 4}, 5).set_requires_grad(true),
+         lb = randn_seeded({4}, 6).set_requires_grad(true);
   auto r = autograd::gradcheck([&](const TensorList& in) { return where(cond, in[0], in[1]); },
                                {la, lb});
   EXPECT_TRUE(r.ok) << r.message;
@@ -124,7 +113,7 @@ TEST(Indexing, Where) {
   EXPECT_EQ(to_vector<float>(la.grad()), std::vector<float>(4, 2.0f));  // two true rows
   EXPECT_EQ(to_vector<float>(lb.grad()), std::vector<float>(4, 1.0f));  // one false row
   // A transposed (non-contiguous) operand.
-  Tensor at = rnd({4, 3}, 7).t().set_requires_grad(true);
+  Tensor at = randn_seeded({4, 3}, 7).t().set_requires_grad(true);
   auto r2 = autograd::gradcheck([&](const TensorList& in) { return where(cond, in[0], in[1]); },
                                 {at, lb.detach().set_requires_grad(true)});
   EXPECT_TRUE(r2.ok) << r2.message;
@@ -142,7 +131,7 @@ TEST(Indexing, WhereBadInput) {
 // tril keeps j - i <= k, triu keeps j - i >= k, over the last two dims of a batch, for
 // several diagonals and a transposed input; the gradient is the same triangle of g.
 TEST(Indexing, TrilTriu) {
-  Tensor base = rnd({2, 5, 4}, 8);
+  Tensor base = randn_seeded({2, 5, 4}, 8);
   Tensor x = base.transpose(1, 2);  // [2, 4, 5], non-contiguous
   auto xs = to_vector<float>(x);
   for (int64_t k : {-5, -2, -1, 0, 1, 3, 6}) {
@@ -157,7 +146,7 @@ TEST(Indexing, TrilTriu) {
   Tensor xi = arange(1, 10).view({3, 3});
   EXPECT_EQ(to_vector<int64_t>(tril(xi)), (std::vector<int64_t>{1, 0, 0, 4, 5, 0, 7, 8, 9}));
   EXPECT_EQ(to_vector<int64_t>(triu(xi, 1)), (std::vector<int64_t>{0, 2, 3, 0, 0, 6, 0, 0, 0}));
-  Tensor leaf = rnd({3, 4}, 9).set_requires_grad(true);
+  Tensor leaf = randn_seeded({3, 4}, 9).set_requires_grad(true);
   sum(tril(leaf, 1)).backward();
   EXPECT_EQ(to_vector<float>(leaf.grad()),
             (std::vector<float>{1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1}));
@@ -172,7 +161,7 @@ TEST(Indexing, TrilTriu) {
 // index_select picks (possibly repeated) slices along each dim of a permuted input, with int32
 // and int64 indices.
 TEST(Indexing, IndexSelect) {
-  Tensor x = rnd({3, 4, 5}, 10).permute({2, 0, 1});  // [5, 3, 4]
+  Tensor x = randn_seeded({3, 4, 5}, 10).permute({2, 0, 1});  // [5, 3, 4]
   auto xs = to_vector<float>(x);
   std::vector<int64_t> iv = {2, 0, 2};
   for (DType it : {DType::Int64, DType::Int32}) {
@@ -199,19 +188,19 @@ TEST(Indexing, IndexSelect) {
 // differences; index_add itself is differentiable in both x and src.
 TEST(Indexing, IndexSelectGradient) {
   Tensor index = from_vector<int64_t>({1, 3, 1, 1}, {4});
-  Tensor x = rnd({5, 3}, 11).set_requires_grad(true);
+  Tensor x = randn_seeded({5, 3}, 11).set_requires_grad(true);
   sum(index_select(x, 0, index)).backward();
   EXPECT_EQ(to_vector<float>(x.grad()),
             (std::vector<float>{0, 0, 0, 3, 3, 3, 0, 0, 0, 1, 1, 1, 0, 0, 0}));
-  Tensor xt = rnd({3, 5}, 12).t().set_requires_grad(true);
+  Tensor xt = randn_seeded({3, 5}, 12).t().set_requires_grad(true);
   for (int64_t dim : {0, 1}) {
     Tensor idx = dim == 0 ? index : from_vector<int32_t>({2, 2, 0}, {3});
     auto r = autograd::gradcheck(
         [&](const TensorList& in) { return index_select(in[0], dim, idx); }, {xt});
     EXPECT_TRUE(r.ok) << r.message;
   }
-  Tensor base = rnd({5, 3}, 13).set_requires_grad(true);
-  Tensor src = rnd({4, 3}, 14).set_requires_grad(true);
+  Tensor base = randn_seeded({5, 3}, 13).set_requires_grad(true);
+  Tensor src = randn_seeded({4, 3}, 14).set_requires_grad(true);
   auto r = autograd::gradcheck(
       [&](const TensorList& in) { return index_add(in[0], 0, index, in[1]); }, {base, src});
   EXPECT_TRUE(r.ok) << r.message;
@@ -219,7 +208,7 @@ TEST(Indexing, IndexSelectGradient) {
 
 // index_add matches a serial double reference (repeated indices, middle dim).
 TEST(Indexing, IndexAdd) {
-  Tensor x = rnd({2, 4, 3}, 15), src = rnd({2, 5, 3}, 16);
+  Tensor x = randn_seeded({2, 4, 3}, 15), src = randn_seeded({2, 5, 3}, 16);
   std::vector<int64_t> iv = {3, 0, 3, 3, 1};
   Tensor y = index_add(x, 1, from_vector<int64_t>(iv, {5}), src);
   auto xs = to_vector<float>(x), ss = to_vector<float>(src), ys = to_vector<float>(y);
@@ -253,7 +242,7 @@ TEST(Indexing, IndexAddBf16AccumulatesInFp32) {
 // Many repeated indices, large enough for the parallel path: bitwise identical results for 1
 // and 2 threads (each output sums its contributions in index order).
 TEST(Indexing, IndexAddDeterministicAcrossThreads) {
-  Tensor src = rnd({4000, 64}, 17);
+  Tensor src = randn_seeded({4000, 64}, 17);
   Generator g(18);
   Tensor idx = randint(0, 50, {4000}, {DType::Int64}, &g);
   Tensor x = zeros({50, 64});
@@ -270,7 +259,7 @@ TEST(Indexing, IndexAddDeterministicAcrossThreads) {
 // Out-of-range indices are errors that name the index value and the dim size.
 TEST(Indexing, IndexBadInput) {
   Tensor x = zeros({4, 3});
-  std::string msg = error_text([&] { index_select(x, 0, from_vector<int64_t>({1, 7}, {2})); });
+  std::string msg = error_of([&] { index_select(x, 0, from_vector<int64_t>({1, 7}, {2})); });
   EXPECT_NE(msg.find("index_select"), std::string::npos) << msg;
   EXPECT_NE(msg.find("7"), std::string::npos) << msg;
   EXPECT_NE(msg.find("size 4"), std::string::npos) << msg;

@@ -1,32 +1,16 @@
 #include <gtest/gtest.h>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
-
-namespace {
-
-Tensor rnd(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return randn(s, {}, &g);
-}
-
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using namespace td::test;
 
 // cat along each dim equals the pieces read back with narrow, for a mix of contiguous and
 // transposed inputs (including a piece of size 0 along the cat dim).
 TEST(Join, CatMatchesPieces) {
-  Tensor a = rnd({2, 3, 4}, 1);
-  Tensor b = rnd({4, 3, 2}, 2).transpose(0, 2);  // [2, 3, 4] non-contiguous
+  Tensor a = randn_seeded({2, 3, 4}, 1);
+  Tensor b = randn_seeded({4, 3, 2}, 2).transpose(0, 2);  // [2, 3, 4] non-contiguous
   for (int64_t dim = 0; dim < 3; ++dim) {
     Shape es = a.sizes();
     es[dim] = 0;
@@ -48,13 +32,13 @@ TEST(Join, CatMatchesPieces) {
 // Empty tensors: all-empty results, and torch's legacy 1-D size-0 tensors that are skipped
 // regardless of the other tensors' rank.
 TEST(Join, CatEmpty) {
-  Tensor a = rnd({2, 3}, 3);
+  Tensor a = randn_seeded({2, 3}, 3);
   EXPECT_EQ(cat({zeros({0, 3}), zeros({0, 3})}).sizes(), (Shape{0, 3}));
   Tensor y = cat({zeros({0}), a, zeros({0})}, 1);
   EXPECT_EQ(y.sizes(), (Shape{2, 3}));
   EXPECT_EQ(to_vector<float>(y), to_vector<float>(a));
   EXPECT_EQ(cat({zeros({0}), zeros({0})}).sizes(), (Shape{0}));
-  Tensor leaf = rnd({2, 3}, 4).set_requires_grad(true);
+  Tensor leaf = randn_seeded({2, 3}, 4).set_requires_grad(true);
   Tensor e = zeros({0}).set_requires_grad(true);
   sum(cat({e, leaf}, 0)).backward();
   EXPECT_EQ(to_vector<float>(leaf.grad()), std::vector<float>(6, 1.0f));
@@ -63,9 +47,9 @@ TEST(Join, CatEmpty) {
 
 // The gradient of cat is the grad sliced per input (finite differences, 3 inputs, dims 0/1).
 TEST(Join, CatGradient) {
-  Tensor a = rnd({2, 3}, 5).set_requires_grad(true);
-  Tensor b = rnd({3, 2}, 6).t().set_requires_grad(true);  // [2, 3] transposed leaf
-  Tensor c = rnd({2, 1}, 7).set_requires_grad(true);
+  Tensor a = randn_seeded({2, 3}, 5).set_requires_grad(true);
+  Tensor b = randn_seeded({3, 2}, 6).t().set_requires_grad(true);  // [2, 3] transposed leaf
+  Tensor c = randn_seeded({2, 1}, 7).set_requires_grad(true);
   auto r0 = autograd::gradcheck(
       [](const TensorList& in) {
         return cat({in[0], in[1]}, 0);
@@ -79,7 +63,7 @@ TEST(Join, CatGradient) {
       {a, b, c});
   EXPECT_TRUE(r1.ok) << r1.message;
   // Only the inputs that require grad get one.
-  Tensor d = rnd({2, 3}, 8);
+  Tensor d = randn_seeded({2, 3}, 8);
   a.set_grad(Tensor());
   Tensor w = from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {4, 3});
   sum(mul(cat({d, a}, 0), w)).backward();
@@ -89,11 +73,11 @@ TEST(Join, CatGradient) {
 
 TEST(Join, CatBadInput) {
   Tensor a = zeros({2, 3});
-  std::string m = error_text([&] { cat({a, zeros({2, 4})}, 0); });
+  std::string m = error_of([&] { cat({a, zeros({2, 4})}, 0); });
   EXPECT_NE(m.find("cat"), std::string::npos) << m;
   EXPECT_NE(m.find("[2, 4]"), std::string::npos) << m;
   EXPECT_NE(m.find("dim 1"), std::string::npos) << m;
-  std::string md = error_text([&] { cat({a, zeros({2, 3}, {DType::BFloat16})}, 0); });
+  std::string md = error_of([&] { cat({a, zeros({2, 3}, {DType::BFloat16})}, 0); });
   EXPECT_NE(md.find("bfloat16"), std::string::npos) << md;
   EXPECT_THROW(cat({}, 0), Error);
   EXPECT_THROW(cat({a, zeros({2, 3, 1})}, 0), Error);
@@ -104,7 +88,7 @@ TEST(Join, CatBadInput) {
 
 // stack inserts a new dim at any position (including the end and negative positions).
 TEST(Join, Stack) {
-  Tensor a = rnd({2, 3}, 9), b = rnd({2, 3}, 10);
+  Tensor a = randn_seeded({2, 3}, 9), b = randn_seeded({2, 3}, 10);
   auto av = to_vector<float>(a), bv = to_vector<float>(b);
   Tensor s0 = stack({a, b}, 0);
   EXPECT_EQ(s0.sizes(), (Shape{2, 2, 3}));
@@ -128,7 +112,7 @@ TEST(Join, Stack) {
 
 // split/chunk return views (no copy) that tile the input; they are differentiable.
 TEST(Join, SplitAndChunk) {
-  Tensor x = rnd({7, 4}, 11);
+  Tensor x = randn_seeded({7, 4}, 11);
   auto pieces = split(x, 3, 0);
   ASSERT_EQ(pieces.size(), 3u);
   EXPECT_EQ(pieces[0].sizes(), (Shape{3, 4}));
@@ -149,13 +133,13 @@ TEST(Join, SplitAndChunk) {
   EXPECT_EQ(c2[0].size(1), 2);
   EXPECT_EQ(split(zeros({0, 2}), 2, 0).size(), 1u);
   // Gradient through a split piece lands in the right rows.
-  Tensor leaf = rnd({7, 4}, 12).set_requires_grad(true);
+  Tensor leaf = randn_seeded({7, 4}, 12).set_requires_grad(true);
   auto ps = split(leaf, 3, 0);
   sum(ps[1]).backward();
   auto g = to_vector<float>(leaf.grad());
   for (int64_t i = 0; i < 28; ++i) EXPECT_EQ(g[i], (i >= 12 && i < 24) ? 1.0f : 0.0f);
   auto r = autograd::gradcheck([](const TensorList& in) { return chunk(in[0], 2, 1)[1]; },
-                               {rnd({4, 3}, 13).t().set_requires_grad(true)});
+                               {randn_seeded({4, 3}, 13).t().set_requires_grad(true)});
   EXPECT_TRUE(r.ok) << r.message;
   EXPECT_THROW(split(x, 0, 0), Error);
   EXPECT_THROW(split(x, Shape{3, 3}, 0), Error);

@@ -5,20 +5,12 @@
 #include <vector>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
-Tensor randn_seeded(const Shape& s, uint64_t seed, double scale = 1.0) {
-  Generator gen(seed);
-  return mul(randn(s, {}, &gen), scale);
-}
 
 // torch's cross entropy with label smoothing in double, per row (NaN marks ignored rows), and
 // the gradient of sum_r w_r * loss_r (w_r = 1 if `w` is empty).
@@ -51,14 +43,6 @@ RefCe ref_ce(const std::vector<double>& x, const std::vector<int64_t>& t, int64_
     }
   }
   return r;
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol, const char* what = "") {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " element " << i;
-  }
 }
 
 }  // namespace

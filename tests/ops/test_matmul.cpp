@@ -6,20 +6,16 @@
 #include <cmath>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 namespace td::cpu {
 int64_t onednn_primitives_created();  // src/ops/cpu/onednn.h (exported td:: symbol)
 }
 
 using namespace td;
+using td::test::randn_seeded;
 
 namespace {
-
-Tensor rnd(const Shape& s, uint64_t seed, DType dt = DType::Float32) {
-  Generator g(seed);
-  Tensor t = randn(s, {}, &g);
-  return dt == DType::Float32 ? t : t.to(dt);
-}
 
 // Reference C = A @ B for A [..., M, K], B [..., K, N] (>= 2-D, numpy batch broadcasting), in
 // double over the logical values of any layout.
@@ -91,42 +87,44 @@ void check_matmul(const Tensor& a, const Tensor& b, double atol, double rtol) {
 TEST(Matmul, TwoDContiguous) {
   for (auto [M, K, N] :
        {std::tuple{1, 1, 1}, {7, 13, 5}, {64, 100, 33}, {1, 50, 17}, {19, 50, 1}}) {
-    check_matmul(rnd({M, K}, 1), rnd({K, N}, 2), fp32_atol(K), 0);
+    check_matmul(randn_seeded({M, K}, 1), randn_seeded({K, N}, 2), fp32_atol(K), 0);
   }
 }
 
 // Transposed operands (column-major to oneDNN) and sliced ones (row stride > columns) give the
 // same values as their contiguous copies; a slice with no unit stride is copied internally.
 TEST(Matmul, NonContiguousOperands) {
-  Tensor at = rnd({40, 30}, 3).t();  // [30, 40], strides (1, 30)
-  Tensor bt = rnd({20, 40}, 4).t();  // [40, 20], strides (1, 40)
+  Tensor at = randn_seeded({40, 30}, 3).t();  // [30, 40], strides (1, 30)
+  Tensor bt = randn_seeded({20, 40}, 4).t();  // [40, 20], strides (1, 40)
   check_matmul(at, bt, fp32_atol(40), 0);
-  Tensor an = rnd({30, 50}, 5).narrow(1, 7, 40);  // row stride 50
+  Tensor an = randn_seeded({30, 50}, 5).narrow(1, 7, 40);  // row stride 50
   check_matmul(an, bt, fp32_atol(40), 0);
-  Tensor as = rnd({60, 80}, 6).slice(0, 0, 60, 2).slice(1, 0, 80, 2);  // no unit stride
-  check_matmul(as, rnd({40, 9}, 7), fp32_atol(40), 0);
+  Tensor as = randn_seeded({60, 80}, 6).slice(0, 0, 60, 2).slice(1, 0, 80, 2);  // no unit stride
+  check_matmul(as, randn_seeded({40, 9}, 7), fp32_atol(40), 0);
   // Attention-style permuted batch: [B, T, H, D] -> [B, H, T, D] has batch stride < row extent.
-  Tensor q = rnd({2, 11, 3, 8}, 8).transpose(1, 2);
-  Tensor k = rnd({2, 13, 3, 8}, 9).transpose(1, 2);
+  Tensor q = randn_seeded({2, 11, 3, 8}, 8).transpose(1, 2);
+  Tensor k = randn_seeded({2, 13, 3, 8}, 9).transpose(1, 2);
   check_matmul(q, k.transpose(2, 3), fp32_atol(8), 0);
 }
 
 // Batch dims broadcast like numpy: size-1 dims, missing leading dims, expanded (stride 0)
 // operands, and a 2-D weight shared by a whole batch (folded into one GEMM).
 TEST(Matmul, BroadcastBatch) {
-  check_matmul(rnd({2, 1, 5, 6}, 10), rnd({3, 6, 4}, 11), fp32_atol(6), 0);
-  check_matmul(rnd({4, 5, 6}, 12), rnd({6, 7}, 13), fp32_atol(6), 0);
-  check_matmul(rnd({6, 7}, 14), rnd({2, 3, 7, 5}, 15), fp32_atol(7), 0);
-  check_matmul(rnd({1, 5, 6}, 16).expand({4, 5, 6}), rnd({4, 6, 3}, 17), fp32_atol(6), 0);
-  check_matmul(rnd({1, 5, 6}, 18).expand({4, 5, 6}), rnd({1, 6, 3}, 19).expand({4, 6, 3}),
+  check_matmul(randn_seeded({2, 1, 5, 6}, 10), randn_seeded({3, 6, 4}, 11), fp32_atol(6), 0);
+  check_matmul(randn_seeded({4, 5, 6}, 12), randn_seeded({6, 7}, 13), fp32_atol(6), 0);
+  check_matmul(randn_seeded({6, 7}, 14), randn_seeded({2, 3, 7, 5}, 15), fp32_atol(7), 0);
+  check_matmul(randn_seeded({1, 5, 6}, 16).expand({4, 5, 6}), randn_seeded({4, 6, 3}, 17),
                fp32_atol(6), 0);
+  check_matmul(randn_seeded({1, 5, 6}, 18).expand({4, 5, 6}),
+               randn_seeded({1, 6, 3}, 19).expand({4, 6, 3}), fp32_atol(6), 0);
   // Batch not collapsible into rows (transposed batch): still one batched primitive.
-  check_matmul(rnd({5, 3, 6}, 20).transpose(0, 1), rnd({6, 2}, 21), fp32_atol(6), 0);
+  check_matmul(randn_seeded({5, 3, 6}, 20).transpose(0, 1), randn_seeded({6, 2}, 21), fp32_atol(6),
+               0);
 }
 
 // 1-D operands follow torch.matmul: dot, matrix-vector, vector-matrix, batched matrix-vector.
 TEST(Matmul, OneDimensionalOperands) {
-  Tensor v = rnd({9}, 22), w = rnd({9}, 23);
+  Tensor v = randn_seeded({9}, 22), w = randn_seeded({9}, 23);
   std::vector<float> vv = to_vector<float>(v), wv = to_vector<float>(w);
   double dot = 0;
   for (int i = 0; i < 9; ++i) dot += static_cast<double>(vv[i]) * wv[i];
@@ -134,21 +132,21 @@ TEST(Matmul, OneDimensionalOperands) {
   EXPECT_EQ(d.dim(), 0);
   EXPECT_NEAR(d.item<float>(), dot, 1e-5);
 
-  Tensor A = rnd({4, 9}, 24);
+  Tensor A = randn_seeded({4, 9}, 24);
   Shape s;
   std::vector<double> want = ref_matmul(A, v.view({9, 1}), &s);
   Tensor mv = matmul(A, v);
   EXPECT_EQ(mv.sizes(), (Shape{4}));
   expect_close(mv, want, 1e-4, 0);
 
-  Tensor B = rnd({3, 9, 5}, 25);
+  Tensor B = randn_seeded({3, 9, 5}, 25);
   want = ref_matmul(v.view({1, 9}), B, &s);
   Tensor vm = matmul(v, B);
   EXPECT_EQ(vm.sizes(), (Shape{3, 5}));
   expect_close(vm, want, 1e-4, 0);
 
-  want = ref_matmul(B.transpose(1, 2), rnd({9, 1}, 26), &s);
-  Tensor bmv = matmul(B.transpose(1, 2), rnd({9}, 26));
+  want = ref_matmul(B.transpose(1, 2), randn_seeded({9, 1}, 26), &s);
+  Tensor bmv = matmul(B.transpose(1, 2), randn_seeded({9}, 26));
   EXPECT_EQ(bmv.sizes(), (Shape{3, 5}));
   expect_close(bmv, want, 1e-4, 0);
 }
@@ -159,23 +157,23 @@ TEST(Matmul, OneDimensionalOperands) {
 TEST(Matmul, ReducedPrecision) {
   for (DType dt : {DType::BFloat16, DType::Float16}) {
     double rtol = dt == DType::BFloat16 ? 2.0 / 256 : 2.0 / 2048;
-    Tensor a = rnd({3, 33, 70}, 27, dt), b = rnd({70, 21}, 28, dt);
+    Tensor a = randn_seeded({3, 33, 70}, 27, dt), b = randn_seeded({70, 21}, 28, dt);
     check_matmul(a, b, fp32_atol(70), rtol);
     check_matmul(a.transpose(1, 2).contiguous().transpose(1, 2), b.t().contiguous().t(),
                  fp32_atol(70), rtol);
-    Tensor l = linear(a, b.t(), rnd({21}, 29, dt));
+    Tensor l = linear(a, b.t(), randn_seeded({21}, 29, dt));
     EXPECT_EQ(l.dtype(), dt);
   }
 }
 
 // Products with an empty dimension: K = 0 gives zeros (and bias for linear), M = 0 gives [0, N].
 TEST(Matmul, EmptyDims) {
-  Tensor z = matmul(rnd({3, 0}, 30), rnd({0, 4}, 31));
+  Tensor z = matmul(randn_seeded({3, 0}, 30), randn_seeded({0, 4}, 31));
   EXPECT_EQ(z.sizes(), (Shape{3, 4}));
   for (float v : to_vector<float>(z)) EXPECT_EQ(v, 0.0f);
-  EXPECT_EQ(matmul(rnd({0, 5}, 32), rnd({5, 4}, 33)).sizes(), (Shape{0, 4}));
-  Tensor bias = rnd({4}, 34);
-  Tensor l = linear(rnd({2, 0}, 35), rnd({4, 0}, 36), bias);
+  EXPECT_EQ(matmul(randn_seeded({0, 5}, 32), randn_seeded({5, 4}, 33)).sizes(), (Shape{0, 4}));
+  Tensor bias = randn_seeded({4}, 34);
+  Tensor l = linear(randn_seeded({2, 0}, 35), randn_seeded({4, 0}, 36), bias);
   std::vector<float> lv = to_vector<float>(l), bv = to_vector<float>(bias);
   for (int r = 0; r < 2; ++r) {
     for (int j = 0; j < 4; ++j) EXPECT_EQ(lv[r * 4 + j], bv[j]);
@@ -185,20 +183,21 @@ TEST(Matmul, EmptyDims) {
 // mm and bmm are the 2-D and equal-batch 3-D cases and reject anything else.
 TEST(Matmul, MmAndBmm) {
   Shape s;
-  Tensor a = rnd({6, 8}, 37), b = rnd({8, 3}, 38);
+  Tensor a = randn_seeded({6, 8}, 37), b = randn_seeded({8, 3}, 38);
   expect_close(mm(a, b), ref_matmul(a, b, &s), fp32_atol(8), 0);
-  Tensor x = rnd({4, 6, 8}, 39), y = rnd({4, 3, 8}, 40).transpose(1, 2);
+  Tensor x = randn_seeded({4, 6, 8}, 39), y = randn_seeded({4, 3, 8}, 40).transpose(1, 2);
   expect_close(bmm(x, y), ref_matmul(x, y, &s), fp32_atol(8), 0);
   EXPECT_THROW(mm(x, b), Error);
   EXPECT_THROW(bmm(a, b), Error);
-  EXPECT_THROW(bmm(x, rnd({3, 8, 2}, 41)), Error);
+  EXPECT_THROW(bmm(x, randn_seeded({3, 8, 2}, 41)), Error);
 }
 
 // linear(x, W, b) = x W^T + b for any leading dims and layouts of x and W.
 TEST(Matmul, LinearMatchesReference) {
-  Tensor x = rnd({2, 5, 12}, 42), W = rnd({7, 12}, 43), b = rnd({7}, 44);
-  for (const Tensor& xi : {x, rnd({5, 2, 12}, 45).transpose(0, 1), rnd({12}, 46)}) {
-    for (const Tensor& Wi : {W, rnd({12, 7}, 47).t()}) {
+  Tensor x = randn_seeded({2, 5, 12}, 42), W = randn_seeded({7, 12}, 43), b = randn_seeded({7}, 44);
+  for (const Tensor& xi :
+       {x, randn_seeded({5, 2, 12}, 45).transpose(0, 1), randn_seeded({12}, 46)}) {
+    for (const Tensor& Wi : {W, randn_seeded({12, 7}, 47).t()}) {
       Shape s;
       std::vector<double> want = ref_matmul(xi.dim() == 1 ? xi.view({1, 12}) : xi, Wi.t(), &s);
       std::vector<float> bv = to_vector<float>(b);
@@ -217,7 +216,9 @@ TEST(Matmul, LinearMatchesReference) {
 
 // Gradients agree with central differences for broadcast, transposed and 1-D operands.
 TEST(Matmul, GradcheckMatmul) {
-  auto leaf = [](const Shape& s, uint64_t seed) { return rnd(s, seed).set_requires_grad(true); };
+  auto leaf = [](const Shape& s, uint64_t seed) {
+    return randn_seeded(s, seed).set_requires_grad(true);
+  };
   std::vector<std::pair<Tensor, Tensor>> cases = {
       {leaf({3, 4}, 50), leaf({4, 5}, 51)},    {leaf({2, 1, 3, 4}, 52), leaf({3, 4, 2}, 53)},
       {leaf({2, 3, 4}, 54), leaf({4, 2}, 55)}, {leaf({3, 4}, 56), leaf({2, 4, 3}, 57)},
@@ -235,9 +236,9 @@ TEST(Matmul, GradcheckMatmul) {
 }
 
 TEST(Matmul, GradcheckLinear) {
-  Tensor x = rnd({2, 3, 4}, 64).set_requires_grad(true);
-  Tensor W = rnd({5, 4}, 65).set_requires_grad(true);
-  Tensor b = rnd({5}, 66).set_requires_grad(true);
+  Tensor x = randn_seeded({2, 3, 4}, 64).set_requires_grad(true);
+  Tensor W = randn_seeded({5, 4}, 65).set_requires_grad(true);
+  Tensor b = randn_seeded({5}, 66).set_requires_grad(true);
   auto r = autograd::gradcheck([](const TensorList& in) { return linear(in[0], in[1], in[2]); },
                                {x, W, b});
   EXPECT_TRUE(r.ok) << r.message;
@@ -249,10 +250,10 @@ TEST(Matmul, GradcheckLinear) {
 // checked in double on a bigger case than gradcheck can afford.
 TEST(Matmul, LinearGradientsClosedForm) {
   const int64_t R = 24, I = 40, O = 18;
-  Tensor x = rnd({R, I}, 67).set_requires_grad(true);
-  Tensor W = rnd({O, I}, 68).set_requires_grad(true);
-  Tensor b = rnd({O}, 69).set_requires_grad(true);
-  Tensor G = rnd({R, O}, 70);
+  Tensor x = randn_seeded({R, I}, 67).set_requires_grad(true);
+  Tensor W = randn_seeded({O, I}, 68).set_requires_grad(true);
+  Tensor b = randn_seeded({O}, 69).set_requires_grad(true);
+  Tensor G = randn_seeded({R, O}, 70);
   linear(x, W, b).backward(G);
   Shape s;
   expect_close(x.grad(), ref_matmul(G, W, &s), fp32_atol(O), 0);
@@ -268,28 +269,30 @@ TEST(Matmul, LinearGradientsClosedForm) {
 // Bad input raises td::Error naming the op and both shapes; nothing crashes.
 TEST(Matmul, BadInputIsAnError) {
   try {
-    matmul(rnd({3, 4}, 71), rnd({5, 6}, 72));
+    matmul(randn_seeded({3, 4}, 71), randn_seeded({5, 6}, 72));
     FAIL() << "expected td::Error";
   } catch (const Error& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("[3, 4]"), std::string::npos) << m;
     EXPECT_NE(m.find("[5, 6]"), std::string::npos) << m;
   }
-  EXPECT_THROW(matmul(rnd({2, 3, 4}, 73), rnd({3, 4, 5}, 74)), Error);  // batch 2 vs 3
-  EXPECT_THROW(matmul(rnd({3, 4}, 75), rnd({4, 5}, 76, DType::BFloat16)), Error);
-  EXPECT_THROW(matmul(scalar_tensor(1.0), rnd({4}, 77)), Error);
+  EXPECT_THROW(matmul(randn_seeded({2, 3, 4}, 73), randn_seeded({3, 4, 5}, 74)),
+               Error);  // batch 2 vs 3
+  EXPECT_THROW(matmul(randn_seeded({3, 4}, 75), randn_seeded({4, 5}, 76, DType::BFloat16)), Error);
+  EXPECT_THROW(matmul(scalar_tensor(1.0), randn_seeded({4}, 77)), Error);
   EXPECT_THROW(matmul(arange(0, 4).view({2, 2}), arange(0, 4).view({2, 2})), Error);
-  EXPECT_THROW(matmul(Tensor(), rnd({4}, 78)), Error);
-  EXPECT_THROW(linear(rnd({2, 4}, 79), rnd({5, 3}, 80)), Error);
-  EXPECT_THROW(linear(rnd({2, 4}, 81), rnd({5, 4}, 82), rnd({4}, 83)), Error);
-  EXPECT_THROW(linear(rnd({2, 4}, 84), rnd({5, 4}, 85, DType::BFloat16)), Error);
+  EXPECT_THROW(matmul(Tensor(), randn_seeded({4}, 78)), Error);
+  EXPECT_THROW(linear(randn_seeded({2, 4}, 79), randn_seeded({5, 3}, 80)), Error);
+  EXPECT_THROW(linear(randn_seeded({2, 4}, 81), randn_seeded({5, 4}, 82), randn_seeded({4}, 83)),
+               Error);
+  EXPECT_THROW(linear(randn_seeded({2, 4}, 84), randn_seeded({5, 4}, 85, DType::BFloat16)), Error);
 }
 
 // Repeating a product with the same shapes and layouts reuses the cached primitive.
 TEST(Matmul, PrimitivesAreCached) {
-  Tensor a = rnd({17, 23}, 86), b = rnd({23, 29}, 87).t().contiguous().t();
+  Tensor a = randn_seeded({17, 23}, 86), b = randn_seeded({23, 29}, 87).t().contiguous().t();
   matmul(a, b);
   int64_t before = cpu::onednn_primitives_created();
-  for (int i = 0; i < 5; ++i) matmul(rnd({17, 23}, 88 + i), b);
+  for (int i = 0; i < 5; ++i) matmul(randn_seeded({17, 23}, 88 + i), b);
   EXPECT_EQ(cpu::onednn_primitives_created(), before);
 }

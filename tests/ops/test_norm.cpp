@@ -4,28 +4,12 @@
 #include <vector>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol, const char* what = "") {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " element " << i;
-  }
-}
-
-Tensor randn_seeded(const Shape& s, uint64_t seed, double scale = 1.0, double shift = 0.0) {
-  Generator gen(seed);
-  return add(mul(randn(s, {}, &gen), scale), shift);
-}
 
 // Double reference of layer_norm (rms = false) or rms_norm over rows of n; w/b may be empty.
 struct RefNorm {

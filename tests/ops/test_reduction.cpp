@@ -6,8 +6,10 @@
 #include <limits>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
 
@@ -35,15 +37,10 @@ std::vector<std::vector<double>> groups(const std::vector<double>& v, const Shap
   return out;
 }
 
-std::vector<double> as_double(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
 template <typename F>
 std::vector<double> ref_reduce(const Tensor& x, const Shape& dims, F f) {
   std::vector<double> r;
-  for (const auto& g : groups(as_double(x), x.sizes(), dims)) r.push_back(f(g));
+  for (const auto& g : groups(doubles(x), x.sizes(), dims)) r.push_back(f(g));
   return r;
 }
 
@@ -66,17 +63,6 @@ void expect_near_vec(const std::vector<float>& got, const std::vector<double>& w
   }
 }
 
-Tensor rnd(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return randn(s, {}, &g);
-}
-
-struct ThreadCount {
-  explicit ThreadCount(int n) : prev(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(prev); }
-  int prev;
-};
-
 }  // namespace
 
 // ---------------- sum / mean ----------------
@@ -85,7 +71,7 @@ struct ThreadCount {
 // contiguous and transposed inputs, match a double reference to fp32 rounding (1e-6 relative
 // of the sum of |x|, covered by 1e-5 absolute for these O(10)-sized sums).
 TEST(Reduction, SumMeanMatchReference) {
-  Tensor base = rnd({4, 5, 6}, 1);
+  Tensor base = randn_seeded({4, 5, 6}, 1);
   for (const Tensor& x : {base, base.transpose(0, 2)}) {
     for (Shape dims : {Shape{0}, Shape{1}, Shape{2}, Shape{0, 2}, Shape{}, Shape{-1}}) {
       for (bool keepdim : {false, true}) {
@@ -93,7 +79,7 @@ TEST(Reduction, SumMeanMatchReference) {
         auto want = ref_reduce(x, dims, dsum);
         expect_near_vec(to_vector<float>(s), want, 1e-6, 1e-5, "sum");
         std::vector<double> wm;
-        auto gs = groups(as_double(x), x.sizes(), dims);
+        auto gs = groups(doubles(x), x.sizes(), dims);
         for (const auto& g : gs) wm.push_back(dsum(g) / g.size());
         expect_near_vec(to_vector<float>(m), wm, 1e-6, 1e-6, "mean");
         // Shapes: keepdim keeps reduced dims as 1; otherwise they are dropped.
@@ -127,7 +113,7 @@ TEST(Reduction, SumBf16AccumulatesInFp32) {
   Tensor m = mean(x, {0});
   EXPECT_EQ(to_vector<float>(m), (std::vector<float>{1.0f + 1.0f / 128, 1.0f + 1.0f / 128}));
   // Random bf16: equals the double sum of the bf16 values rounded to bf16 (within 1 bf16 ulp).
-  Tensor r = rnd({64, 33}, 2).to(DType::BFloat16);
+  Tensor r = randn_seeded({64, 33}, 2).to(DType::BFloat16);
   auto want_r = ref_reduce(r, {1}, dsum);
   auto got_r = to_vector<float>(sum(r, {1}));
   for (size_t i = 0; i < got_r.size(); ++i) {
@@ -147,8 +133,8 @@ TEST(Reduction, SumIntegers) {
 
 // Gradients of sum/mean (leading, middle, keepdim) agree with finite differences.
 TEST(Reduction, SumMeanGradcheck) {
-  Tensor x = rnd({3, 4, 2}, 3).set_requires_grad(true);
-  Tensor xt = rnd({2, 4, 3}, 4).transpose(0, 2).set_requires_grad(true);
+  Tensor x = randn_seeded({3, 4, 2}, 3).set_requires_grad(true);
+  Tensor xt = randn_seeded({2, 4, 3}, 4).transpose(0, 2).set_requires_grad(true);
   for (const Tensor& in : {x, xt}) {
     for (Shape dims : {Shape{0}, Shape{1}, Shape{0, 2}, Shape{}}) {
       for (bool keep : {false, true}) {
@@ -165,7 +151,7 @@ TEST(Reduction, SumMeanGradcheck) {
 
 // Large sums are identical for 1 and 2 threads (leading and trailing paths).
 TEST(Reduction, SumDeterministicAcrossThreads) {
-  Tensor x = rnd({512, 300}, 5);
+  Tensor x = randn_seeded({512, 300}, 5);
   std::vector<float> a0, a1, b0, b1;
   {
     ThreadCount tc(1);
@@ -185,9 +171,9 @@ TEST(Reduction, SumDeterministicAcrossThreads) {
 
 // max/min of everything: 0-dim, exact, on a strided input; NaN propagates.
 TEST(Reduction, MaxMinAll) {
-  Tensor x = rnd({70, 300}, 6);  // > one block of the blocked reduction
+  Tensor x = randn_seeded({70, 300}, 6);  // > one block of the blocked reduction
   Tensor xt = x.t();
-  auto v = as_double(x);
+  auto v = doubles(x);
   double mx = *std::max_element(v.begin(), v.end()), mn = *std::min_element(v.begin(), v.end());
   Tensor m = max(xt);
   EXPECT_EQ(m.dim(), 0);
@@ -214,7 +200,7 @@ TEST(Reduction, MaxAllGradientSplitsTies) {
 
 // max(x, dim): values and first-maximum int64 indices on every dim, keepdim, transposed.
 TEST(Reduction, MaxDim) {
-  Tensor base = rnd({3, 4, 5}, 7);
+  Tensor base = randn_seeded({3, 4, 5}, 7);
   for (const Tensor& x : {base, base.permute({2, 0, 1})}) {
     for (int64_t d = -1; d < x.dim(); ++d) {
       for (bool keep : {false, true}) {
@@ -223,7 +209,7 @@ TEST(Reduction, MaxDim) {
         EXPECT_EQ(vals.sizes(), idx.sizes());
         int64_t dd = d < 0 ? d + x.dim() : d;
         EXPECT_EQ(vals.dim(), keep ? x.dim() : x.dim() - 1);
-        auto gs = groups(as_double(x), x.sizes(), {dd});
+        auto gs = groups(doubles(x), x.sizes(), {dd});
         auto vv = to_vector<float>(vals);
         auto ii = to_vector<int64_t>(idx);
         for (size_t r = 0; r < gs.size(); ++r) {
@@ -246,7 +232,8 @@ TEST(Reduction, MaxDimGradient) {
   auto [v, i] = max(x, 1);
   v.backward(from_vector<float>({10, 20}, {2}));
   EXPECT_EQ(to_vector<float>(x.grad()), (std::vector<float>{0, 10, 0, 0, 20, 0, 0, 0}));
-  Tensor y = rnd({4, 3, 5}, 8).transpose(0, 2).set_requires_grad(true);  // no ties (continuous)
+  Tensor y =
+      randn_seeded({4, 3, 5}, 8).transpose(0, 2).set_requires_grad(true);  // no ties (continuous)
   for (int64_t d : {0, 1, 2}) {
     for (bool keep : {false, true}) {
       auto r =
@@ -273,7 +260,7 @@ TEST(Reduction, ArgmaxAll) {
 
 // amax over several dims matches the reference; its gradient splits ties evenly.
 TEST(Reduction, Amax) {
-  Tensor base = rnd({3, 4, 5}, 9);
+  Tensor base = randn_seeded({3, 4, 5}, 9);
   for (Shape dims : {Shape{0}, Shape{1, 2}, Shape{0, 2}, Shape{}}) {
     for (bool keep : {false, true}) {
       Tensor y = amax(base.transpose(0, 1), dims, keep);
@@ -287,7 +274,7 @@ TEST(Reduction, Amax) {
   Tensor x = from_vector<float>({1, 4, 4, 4, 3, 0}, {3, 2}).set_requires_grad(true);
   amax(x, {0}).backward(from_vector<float>({6, 8}, {2}));
   EXPECT_EQ(to_vector<float>(x.grad()), (std::vector<float>{0, 4, 6, 4, 0, 0}));
-  Tensor z = rnd({3, 4}, 10).set_requires_grad(true);
+  Tensor z = randn_seeded({3, 4}, 10).set_requires_grad(true);
   auto r = autograd::gradcheck([](const TensorList& a) { return amax(a[0], {1}, true); }, {z});
   EXPECT_TRUE(r.ok) << r.message;
 }
@@ -315,7 +302,7 @@ TEST(Reduction, ExtremumBadInput) {
 // var (corrections 0 and 1, several dims, keepdim) matches the two-pass double reference; a
 // large offset (1e4 + N(0,1)) would lose all digits in a one-pass E[x^2]-E[x]^2 in fp32.
 TEST(Reduction, VarMatchesReference) {
-  Tensor x = add(rnd({6, 7, 8}, 11), 1e4);
+  Tensor x = add(randn_seeded({6, 7, 8}, 11), 1e4);
   for (Shape dims : {Shape{0}, Shape{2}, Shape{0, 1}, Shape{}}) {
     for (int64_t corr : {0, 1}) {
       for (bool keep : {false, true}) {
@@ -332,8 +319,8 @@ TEST(Reduction, VarMatchesReference) {
 }
 
 TEST(Reduction, VarGradcheck) {
-  Tensor x = rnd({3, 5}, 12).set_requires_grad(true);
-  Tensor xt = rnd({5, 3}, 13).t().set_requires_grad(true);
+  Tensor x = randn_seeded({3, 5}, 12).set_requires_grad(true);
+  Tensor xt = randn_seeded({5, 3}, 13).t().set_requires_grad(true);
   for (const Tensor& in : {x, xt}) {
     for (Shape dims : {Shape{0}, Shape{1}, Shape{}}) {
       for (int64_t corr : {0, 1}) {
@@ -348,9 +335,9 @@ TEST(Reduction, VarGradcheck) {
 // norm: sqrt of the double sum of squares, rounded once; thread-count independent; gradient
 // x/|x| (0 at x == 0).
 TEST(Reduction, Norm) {
-  Tensor x = rnd({300, 200}, 14);
+  Tensor x = randn_seeded({300, 200}, 14);
   double ss = 0;
-  for (double v : as_double(x)) ss += v * v;
+  for (double v : doubles(x)) ss += v * v;
   Tensor n = norm(x.t());
   EXPECT_EQ(n.dim(), 0);
   EXPECT_EQ(n.item<float>(), static_cast<float>(std::sqrt(ss)));
@@ -369,7 +356,7 @@ TEST(Reduction, Norm) {
   Tensor nb = norm(big);
   EXPECT_EQ(nb.dtype(), DType::BFloat16);
   EXPECT_EQ(nb.item<float>(), static_cast<float>(BFloat16(static_cast<float>(std::sqrt(1e5)))));
-  Tensor z = rnd({4, 3}, 15).set_requires_grad(true);
+  Tensor z = randn_seeded({4, 3}, 15).set_requires_grad(true);
   auto r = autograd::gradcheck([](const TensorList& in) { return norm(in[0]); }, {z});
   EXPECT_TRUE(r.ok) << r.message;
   Tensor zero = zeros({3}).set_requires_grad(true);

@@ -4,20 +4,12 @@
 #include <vector>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
-Tensor randn_seeded(const Shape& s, uint64_t seed) {
-  Generator gen(seed);
-  return randn(s, {}, &gen);
-}
 
 // RoPE in double from the definition: angle(t, i) = (start + t) * base^(-2i/D), rotate-half.
 std::vector<double> ref_rope(const std::vector<double>& x, int64_t B, int64_t T, int64_t H,
@@ -38,14 +30,6 @@ std::vector<double> ref_rope(const std::vector<double>& x, int64_t B, int64_t T,
     }
   }
   return y;
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol, const char* what = "") {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " element " << i;
-  }
 }
 
 }  // namespace

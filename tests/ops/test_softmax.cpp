@@ -5,15 +5,12 @@
 #include <vector>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
 
 // Softmax (or log_softmax) of a row-major [outer, n, inner] array along the middle dim, in
 // double: the reference for any dim of any tensor (outer/inner are the products around it).
@@ -36,19 +33,6 @@ std::vector<double> ref_softmax(const std::vector<double>& x, const Shape& shape
     }
   }
   return y;
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << "element " << i;
-  }
-}
-
-Tensor randn_seeded(const Shape& s, uint64_t seed, double scale = 1.0) {
-  Generator gen(seed);
-  return mul(randn(s, {}, &gen), scale);
 }
 
 }  // namespace

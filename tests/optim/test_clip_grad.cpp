@@ -7,15 +7,12 @@
 
 #include "tardelli/optim/clip_grad.h"
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using td::test::doubles;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
 
 // Parameters with gradients: a large fp32 one (several chunks), a bf16 one, a non-contiguous
 // gradient, and a parameter without a gradient.

@@ -6,30 +6,12 @@
 
 #include "tardelli/optim/sgd.h"
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
+using namespace td::test;
 
 namespace {
-
-std::vector<double> doubles(const Tensor& t) {
-  std::vector<float> f = to_vector<float>(t);
-  return std::vector<double>(f.begin(), f.end());
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                  double rtol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " element " << i;
-  }
-}
-
-Tensor leaf(const Shape& s, uint64_t seed) {
-  Generator gen(seed);
-  Tensor t = randn(s, {}, &gen);
-  t.set_requires_grad(true);
-  return t;
-}
 
 // torch/optim/sgd.py (_single_tensor_sgd), in double, for one parameter.
 struct RefSGD {
