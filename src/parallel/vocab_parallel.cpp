@@ -1,0 +1,233 @@
+#include "tardelli/parallel/vocab_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/cpu/loops.h"
+#include "tardelli/autograd/function.h"
+#include "tardelli/distributed/collectives.h"
+#include "tardelli/ops/embedding.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/indexing.h"
+
+namespace td::parallel {
+
+namespace dist = td::distributed;
+
+int64_t padded_vocab_size(int64_t vocab_size, int tp_size, int64_t multiple) {
+  TD_CHECK(vocab_size > 0 && tp_size > 0 && multiple > 0,
+           "padded_vocab_size: vocab_size, tp_size and multiple must be > 0, got ", vocab_size,
+           ", ", tp_size, ", ", multiple);
+  const int64_t m = multiple * tp_size;
+  return (vocab_size + m - 1) / m * m;
+}
+
+VocabRange vocab_range(int64_t padded_vocab, int rank, int size) {
+  TD_CHECK(size >= 1 && rank >= 0 && rank < size, "vocab_range: rank ", rank, " is not in [0, ",
+           size, ")");
+  TD_CHECK(padded_vocab > 0 && padded_vocab % size == 0, "vocab_range: padded vocabulary ",
+           padded_vocab, " is not a positive multiple of the tp size ", size);
+  const int64_t n = padded_vocab / size;
+  return {rank * n, (rank + 1) * n};
+}
+
+Tensor shard_vocab_rows(const Tensor& full, int64_t padded_vocab, int rank, int size) {
+  const char* op = "shard_vocab_rows";
+  ops::check_defined(full, op, "full");
+  TD_CHECK(full.dim() == 2, op, ": expected a 2-D [V, h] table, got ", describe(full));
+  TD_CHECK(full.size(0) <= padded_vocab, op, ": table ", describe(full),
+           " has more rows than the padded vocabulary ", padded_vocab);
+  const VocabRange r = vocab_range(padded_vocab, rank, size);
+  Tensor out = zeros({r.size(), full.size(1)}, {full.dtype(), full.device(), false});
+  const int64_t hi = std::min(r.end, full.size(0));
+  if (hi > r.start)
+    out.narrow(0, 0, hi - r.start).copy_(full.detach().narrow(0, r.start, hi - r.start));
+  return out;
+}
+
+Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const CommPtr& tp,
+                                int64_t vocab_start, bool sequence_parallel) {
+  const char* op = "vocab_parallel_embedding";
+  ops::check_defined(ids, op, "ids");
+  ops::check_defined(w_shard, op, "w_shard");
+  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
+  TD_CHECK(is_integral(ids.dtype()), op, ": ids must be int32 or int64, got ", describe(ids));
+  TD_CHECK(w_shard.dim() == 2, op, ": w_shard must be 2-D [V_pad/tp, h], got ", describe(w_shard));
+  const int64_t rows = w_shard.size(0), padded = rows * tp->size();
+  TD_CHECK(vocab_start >= 0 && vocab_start + rows <= padded, op, ": vocab_start ", vocab_start,
+           " with ", rows, " rows is outside the padded vocabulary ", padded);
+  TD_CHECK(!sequence_parallel || ids.dim() >= 1, op,
+           ": sequence parallelism needs ids with a sequence dim, got ", describe(ids));
+  // Note [Masked lookup]: ids of other ranks look up row 0 and their output rows are zeroed by
+  // masked_fill, whose backward zeroes their gradient too, so row 0 receives nothing from them.
+  std::vector<int64_t> id = to_vector<int64_t>(ids);
+  std::vector<int64_t> local(id.size());
+  std::vector<uint8_t> other(id.size());
+  for (size_t i = 0; i < id.size(); ++i) {
+    TD_CHECK(id[i] >= 0 && id[i] < padded, op, ": id ", id[i], " at position ", i,
+             " is out of range for the padded vocabulary ", padded);
+    const bool mine = id[i] >= vocab_start && id[i] < vocab_start + rows;
+    local[i] = mine ? id[i] - vocab_start : 0;
+    other[i] = mine ? 0 : 1;
+  }
+  Shape mask_shape = ids.sizes();
+  mask_shape.push_back(1);
+  Tensor mask = Tensor::empty(mask_shape, DType::Bool);
+  std::copy(other.begin(), other.end(), static_cast<uint8_t*>(mask.data_ptr()));
+  Tensor partial = masked_fill(embedding(w_shard, from_vector(local, ids.sizes())),
+                               mask.to(w_shard.device()), 0.0);
+  return sequence_parallel ? dist::reduce_scatter_to_sequence(partial, tp, 0)
+                           : dist::reduce_from_region(partial, tp);
+}
+
+namespace {
+
+// What the fused backward recomputes the softmax from (fp32, detached).
+struct VpCeSaved {
+  Tensor logits;                // [N, Vs] fp32 contiguous
+  std::vector<int64_t> target;  // local column of the target, -1 when not on this rank
+  std::vector<uint8_t> ignored;
+  Tensor max, sum;    // [N]: the global row max and sum of exp(x - max)
+  int64_t valid = 0;  // local columns with id < true_vocab_size
+  int64_t count = 0;  // rows not ignored
+};
+
+Tensor vp_ce_backward(const Tensor& grad, const VpCeSaved& s, Reduction reduction, DType dtype,
+                      const Shape& shape) {
+  const int64_t N = s.logits.size(0), Vs = s.logits.size(1);
+  std::vector<float> g = to_vector<float>(grad);
+  int64_t g_stride = 1;
+  if (reduction != Reduction::None) {
+    g_stride = 0;
+    const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(s.count) : 1.0;
+    g[0] = static_cast<float>(g[0] * scale);  // count == 0: every row is ignored, unread
+  }
+  Tensor dx = Tensor::empty({N, Vs}, DType::Float32);
+  const float* x = s.logits.data_ptr<float>();
+  const float* mx = s.max.data_ptr<float>();
+  const float* sm = s.sum.data_ptr<float>();
+  float* d = dx.data_ptr<float>();
+  cpu::parallel_for(N, std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(Vs, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i) {
+                        float* di = d + i * Vs;
+                        const float gi = s.ignored[i] ? 0.0f : g[i * g_stride];
+                        if (gi == 0.0f) {
+                          std::fill(di, di + Vs, 0.0f);
+                          continue;
+                        }
+                        const float* xi = x + i * Vs;
+                        const float inv = 1.0f / sm[i];
+                        for (int64_t j = 0; j < s.valid; ++j)
+                          di[j] = gi * (std::exp(xi[j] - mx[i]) * inv);
+                        std::fill(di + s.valid, di + Vs, 0.0f);
+                        if (s.target[i] >= 0) di[s.target[i]] -= gi;
+                      }
+                    });
+  dx = dx.view(shape);
+  return dtype == DType::Float32 ? dx : dx.to(dtype);
+}
+
+}  // namespace
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets,
+                                    const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
+                                    int64_t ignore_index, Reduction reduction) {
+  const char* op = "vocab_parallel_cross_entropy";
+  ops::check_defined(logits_shard, op, "logits_shard");
+  ops::check_defined(targets, op, "targets");
+  ops::check_cpu(logits_shard, op);
+  ops::check_floating(logits_shard, op);
+  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
+  TD_CHECK(logits_shard.dim() >= 1, op, ": logits_shard must be [..., V_pad/tp], got ",
+           describe(logits_shard));
+  TD_CHECK(is_integral(targets.dtype()), op, ": targets must be int32 or int64, got ",
+           describe(targets));
+  const int64_t Vs = logits_shard.size(-1);
+  Shape batch(logits_shard.sizes().begin(), logits_shard.sizes().end() - 1);
+  TD_CHECK(targets.sizes() == batch, op, ": targets ", describe(targets), " must have shape ",
+           shape_str(batch), " to match logits_shard ", describe(logits_shard));
+  const int64_t padded = Vs * tp->size();
+  TD_CHECK(Vs > 0 && vocab_start >= 0 && vocab_start + Vs <= padded && vocab_start % Vs == 0, op,
+           ": vocab_start ", vocab_start, " is not the start of a ", Vs,
+           "-column shard of the padded vocabulary ", padded);
+  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
+           true_vocab_size, " must be in [1, ", padded, "]");
+
+  VpCeSaved s;
+  const int64_t N = numel_of(batch);
+  s.logits = logits_shard.detach().to(DType::Float32).contiguous().view({N, Vs});
+  s.valid = std::clamp<int64_t>(true_vocab_size - vocab_start, 0, Vs);
+  std::vector<int64_t> t = to_vector<int64_t>(targets);
+  s.target.assign(N, -1);
+  s.ignored.assign(N, 0);
+  for (int64_t i = 0; i < N; ++i) {
+    if (t[i] == ignore_index) {
+      s.ignored[i] = 1;
+      continue;
+    }
+    TD_CHECK(t[i] >= 0 && t[i] < true_vocab_size, op, ": target ", t[i], " at position ", i,
+             " is out of range for the vocabulary size ", true_vocab_size);
+    ++s.count;
+    if (t[i] >= vocab_start && t[i] < vocab_start + Vs) s.target[i] = t[i] - vocab_start;
+  }
+
+  // Note [Three reductions]: the row max must be global before exp (else the partial sums
+  // would be scaled differently on each rank); the sum of exp and the target logit then travel
+  // in one [N, 2] all-reduce. Ranks with no valid columns contribute -inf and 0.
+  const float* x = s.logits.data_ptr<float>();
+  s.max = Tensor::empty({N}, DType::Float32);
+  float* mx = s.max.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrain / Vs);
+  cpu::parallel_for(N, grain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < s.valid; ++j) m = std::max(m, x[i * Vs + j]);
+      mx[i] = m;
+    }
+  });
+  tp->all_reduce(s.max, dist::ReduceOp::Max);
+  Tensor st = Tensor::empty({N, 2}, DType::Float32);
+  float* sp = st.data_ptr<float>();
+  cpu::parallel_for(N, grain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* xi = x + i * Vs;
+      float acc = 0.0f;
+      for (int64_t j = 0; j < s.valid; ++j) acc += std::exp(xi[j] - mx[i]);
+      sp[2 * i] = acc;
+      sp[2 * i + 1] = s.target[i] >= 0 ? xi[s.target[i]] - mx[i] : 0.0f;
+    }
+  });
+  tp->all_reduce(st, dist::ReduceOp::Sum);
+  s.sum = st.select(1, 0).contiguous();
+  std::vector<float> loss(N, 0.0f);
+  for (int64_t i = 0; i < N; ++i)
+    if (!s.ignored[i]) loss[i] = std::log(sp[2 * i]) - sp[2 * i + 1];
+
+  Tensor out;
+  if (reduction == Reduction::None) {
+    out = from_vector(loss, batch);
+    if (logits_shard.dtype() != DType::Float32) out = out.to(logits_shard.dtype());
+  } else {
+    double total = 0.0;  // fixed order: the same value on every rank
+    for (float l : loss) total += l;
+    if (reduction == Reduction::Mean) total /= static_cast<double>(s.count);  // 0/0: NaN
+    out = scalar_tensor(total, logits_shard.dtype(), logits_shard.device());
+  }
+  if (autograd::needs_grad({logits_shard})) {
+    auto saved = std::make_shared<VpCeSaved>(std::move(s));
+    autograd::record("VocabParallelCrossEntropyBackward", {logits_shard}, {&out},
+                     [saved, reduction, dt = logits_shard.dtype(), shape = logits_shard.sizes()](
+                         const TensorList& g, const std::vector<bool>&) -> TensorList {
+                       if (!g[0].defined()) return {Tensor()};
+                       return {vp_ce_backward(g[0], *saved, reduction, dt, shape)};
+                     });
+  }
+  return out;
+}
+
+}  // namespace td::parallel
