@@ -21,6 +21,7 @@ packages=(
   libdnnl-dev libomp-dev libgtest-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch python3-venv
   openmpi-bin libopenmpi-dev
+  python3-matplotlib fortunes
 )
 
 missing=()
