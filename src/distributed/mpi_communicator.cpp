@@ -133,6 +133,13 @@ void ensure_initialized() {
   MPI_Finalized(&fin);
   TD_CHECK(!fin, "mpi_world: MPI was already finalized in this process (it cannot restart)");
   if (!init) {
+    // Note [Non-blocking all_reduce algorithm]: every td collective is non-blocking (timeouts,
+    // async progress), and Open MPI's libnbc picks binomial/recursive-doubling for
+    // MPI_Iallreduce by default, 2.3-4x slower than the tuned blocking MPI_Allreduce from
+    // 128 KiB up on this machine (benchmarks/comm_bench). Its ring algorithm matches the
+    // blocking call (1.02-1.19x). Set it unless the user chose one (overwrite = 0); other MPI
+    // implementations ignore the variable.
+    ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
     int provided = 0;
     TD_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "mpi_world");
     rt.initialized_by_us = true;
