@@ -16,7 +16,8 @@ collects JSON. Output: JSON lines; the LAST line is the summary with tokens_per_
 gemm_peak_gflops, peak_mem_bytes (and, with --compare-torch, the torch numbers and the ratios
 speedup_vs_torch and mem_ratio_vs_torch).
 
-Note [Model FLOPs]: flops_per_step = 6 * N_mm * B * T + 6 * L * B * T^2 * d, where N_mm is the
+Note [Model FLOPs] (computed by td.models.GPT.flops_per_step, which the train CLI uses too):
+flops_per_step = 6 * N_mm * B * T + 6 * L * B * T^2 * d, where N_mm (GPT.matmul_params) is the
 number of weights that take part in a matrix multiply: every 2-D parameter except the token and
 position embeddings (a lookup, not a matmul), plus the V x d LM head (for gpt2 that is the tied wte,
 counted once here as a matmul). 6 = 2 (multiply-add) x 3 (forward, grad of input, grad of weight).
@@ -54,7 +55,6 @@ misdetect Zen 3). The ratios use the fastest torch configuration.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -110,17 +110,6 @@ def batch(a):
     return np.ascontiguousarray(toks[:, :-1]), np.ascontiguousarray(toks[:, 1:])
 
 
-def model_flops(a, named_shapes):
-    """Note [Model FLOPs]."""
-    n_mm = sum(math.prod(s) for n, s in named_shapes if len(s) >= 2 and n not in
-               ("wte.weight", "wpe.weight"))
-    if a.arch == "gpt2":
-        n_mm += a.vocab_size * a.d_model  # the tied head
-    tokens = a.micro_batch_size * a.seq_len
-    attn = 6 * a.layers * a.micro_batch_size * a.seq_len ** 2 * a.d_model
-    return n_mm, 6 * n_mm * tokens + attn
-
-
 def rss():
     """(VmRSS, VmHWM) in bytes."""
     vals = {}
@@ -165,16 +154,9 @@ def run_steps(a, step, steps, warmup, measure_memory, before=None, after=None):
 # td worker
 
 
-def gemm_peak_gflops(td, dtype, n=2048, reps=5):
-    a = td.randn(n, n).to(dtype)
-    b = td.randn(n, n).to(dtype)
-    td.matmul(a, b)
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        td.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
+def gemm_peak_gflops(td, dtype):
+    from tardelli.train.trainer import gemm_peak_flops  # the train CLI's MFU denominator
+    return gemm_peak_flops(dtype, n=2048) / 1e9
 
 
 def td_worker(a, mode):
@@ -190,8 +172,8 @@ def td_worker(a, mode):
     x_np, y_np = batch(a)
     x, y = td.from_numpy(x_np), td.from_numpy(y_np)
     out["n_params"] = model.num_parameters()
-    out["n_mm"], out["flops_per_step"] = model_flops(
-        a, [(n, list(p.shape)) for n, p in model.named_parameters()])
+    out["n_mm"] = model.matmul_params()
+    out["flops_per_step"] = model.flops_per_step(a.micro_batch_size, a.seq_len)
 
     def step():
         loss = model(x, y)

@@ -151,19 +151,25 @@ class GPT(nn.Module):
         """The td.Generator dropout draws from (its state is part of a training checkpoint)."""
         return self._cpp.dropout_generator
 
+    def matmul_params(self):
+        """Weights that take part in a matrix multiply: every parameter with dim >= 2 except the
+        token and position embeddings (lookups), plus the tied gpt2 head (wte as a GEMM
+        operand), counted once more."""
+        c = self.config
+        n = sum(p.numel() for name, p in self._cpp.named_parameters()
+                if p.dim() >= 2 and name not in ("wte.weight", "wpe.weight"))
+        return n + (c.vocab_size * c.d_model if c.arch == "gpt2" else 0)
+
     def flops_per_step(self, batch, seq_len):
         """Model FLOPs of one training step (forward + backward) on batch x seq_len tokens, the
-        numerator of MFU: 6 x tokens x (parameters of every matrix multiply, the tied head
-        counted once more as a GEMM) + 6 x layers x batch x seq_len^2 x d_model for attention
-        scores and values (forward 2 GEMMs of 2 x T^2 x d each, backward twice that), as in the
-        PaLM/Megatron accounting (causal masking not discounted). Embedding lookups are free."""
+        numerator of MFU: 6 x tokens x matmul_params() (multiply-add x forward, input grad,
+        weight grad) plus attention: QK^T and AV are 2 x 2 x T^2 x d per sequence and layer
+        forward, halved for causality, x 3 for forward + backward = 6 x layers x batch x T^2 x d
+        (PaLM's 12 L d T per token, halved). Embedding lookups, norms, softmax and the
+        optimizer are not counted."""
         c = self.config
-        n_mm = sum(p.numel() for n, p in self._cpp.named_parameters()
-                   if p.dim() >= 2 and n not in ("wte.weight", "wpe.weight"))
-        if c.arch == "gpt2":
-            n_mm += c.vocab_size * c.d_model  # the head reuses wte as a GEMM operand
-        tokens = batch * seq_len
-        return 6 * n_mm * tokens + 6 * c.n_layer * batch * seq_len ** 2 * c.d_model
+        return (6 * self.matmul_params() * batch * seq_len +
+                6 * c.n_layer * batch * seq_len ** 2 * c.d_model)
 
     def num_parameters(self):
         return self._cpp.num_parameters()
