@@ -60,6 +60,25 @@ void Module::replace_parameter(const std::string& name, Tensor t) {
   TD_ERROR(type_name_, ": no parameter named '", name, "'");
 }
 
+void Module::set_parameter(const std::string& path, Tensor t) {
+  TD_CHECK(t.defined() && t.is_leaf(), type_name_, ".set_parameter: '", path,
+           "' must be set to a defined leaf tensor");
+  Module* m = this;
+  std::string rest = path;
+  for (size_t dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+    const std::string head = rest.substr(0, dot);
+    Module* next = nullptr;
+    for (auto& [n, c] : m->children_) {
+      if (n == head) next = c.get();
+    }
+    TD_CHECK(next != nullptr, type_name_, ".set_parameter: no submodule '", head, "' on the path '",
+             path, "'");
+    m = next;
+    rest = rest.substr(dot + 1);
+  }
+  m->replace_parameter(rest, std::move(t));
+}
+
 void Module::collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out,
                      std::vector<const TensorImpl*>* seen) const {
   for (const auto& [n, t] : params ? params_ : buffers_) {
@@ -101,11 +120,13 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
   auto self = weak_from_this().lock();
-  TD_CHECK(self != nullptr, type_name_, ".named_modules: the module must be owned by a "
+  TD_CHECK(self != nullptr, type_name_,
+           ".named_modules: the module must be owned by a "
            "std::shared_ptr (create it with std::make_shared)");
   out.emplace_back("", self);
   for (const auto& [n, m] : children_) {
-    for (auto& [sub, mm] : m->named_modules()) out.emplace_back(sub.empty() ? n : n + "." + sub, mm);
+    for (auto& [sub, mm] : m->named_modules())
+      out.emplace_back(sub.empty() ? n : n + "." + sub, mm);
   }
   return out;
 }
@@ -143,7 +164,8 @@ void Module::load_state_dict(const StateDict& sd, bool strict) {
     for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
     return os.str();
   };
-  TD_CHECK(mismatched.empty(), type_name_, ".load_state_dict: size mismatch for ", join(mismatched));
+  TD_CHECK(mismatched.empty(), type_name_, ".load_state_dict: size mismatch for ",
+           join(mismatched));
   TD_CHECK(!strict || (missing.empty() && unexpected.empty()), type_name_,
            ".load_state_dict: missing keys [", join(missing), "], unexpected keys [",
            join(unexpected), "]");

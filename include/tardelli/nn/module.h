@@ -56,6 +56,11 @@ class Module : public std::enable_shared_from_this<Module> {
   void to(DType dtype);
   int64_t num_parameters() const;
 
+  // Points the registered parameter at a dotted path ("h.0.attn.c_attn.weight") at another
+  // leaf tensor, which may have another shape (a parallel layout replacing a full weight by
+  // its shard). td::Error naming the path when no such parameter exists.
+  void set_parameter(const std::string& path, Tensor t);
+
  protected:
   void add_module(const std::string& name, std::shared_ptr<Module> m);
   // Points an existing registered parameter at another tensor (weight tying).
