@@ -15,9 +15,12 @@ void check_group(const CommPtr& tp, const char* op) {
   TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
 }
 
-// Sequence parallelism splits dim 0 (the collectives check its divisibility by tp).
-void check_seq_dim(const Tensor& x, const char* op) {
-  TD_CHECK(x.dim() >= 2, op, ": sequence parallelism needs a [s, ..., h] input, got ", describe(x));
+// Sequence parallelism splits dim `seq_dim` (the collectives check its divisibility by tp); it
+// must not be the feature dim.
+void check_seq_dim(const Tensor& x, int64_t seq_dim, const char* op) {
+  TD_CHECK(x.dim() >= 2 && seq_dim >= 0 && seq_dim < x.dim() - 1, op,
+           ": sequence parallelism splits dim ", seq_dim, ", which must be a non-feature dim of ",
+           describe(x));
 }
 
 Tensor shard_dim(const Tensor& full, int64_t dim, int rank, int size, const char* op) {
@@ -28,13 +31,14 @@ Tensor shard_dim(const Tensor& full, int64_t dim, int rank, int size, const char
   TD_CHECK(full.size(dim) % size == 0, op, ": size ", full.size(dim), " of dim ", dim, " of ",
            describe(full), " is not divisible by ", size);
   const int64_t k = full.size(dim) / size;
-  return full.detach().narrow(dim, rank * k, k).contiguous();
+  return full.detach().narrow(dim, rank * k, k).clone();
 }
 
 }  // namespace
 
 Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& b_shard,
-                              const CommPtr& tp, bool gather_output, bool sequence_parallel) {
+                              const CommPtr& tp, bool gather_output, bool sequence_parallel,
+                              int64_t seq_dim) {
   const char* op = "column_parallel_linear";
   ops::check_defined(x, op, "x");
   ops::check_defined(w_shard, op, "w_shard");
@@ -51,8 +55,8 @@ Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tens
            "sequence-parallel column layer stays split along its last dim)");
   Tensor input;
   if (sequence_parallel) {
-    check_seq_dim(x, op);
-    input = dist::gather_from_sequence(x, tp, 0, /*tp_output_grad=*/true);
+    check_seq_dim(x, seq_dim, op);
+    input = dist::gather_from_sequence(x, tp, seq_dim, /*tp_output_grad=*/true);
   } else {
     input = dist::copy_to_region(x, tp);
   }
@@ -61,7 +65,8 @@ Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tens
 }
 
 Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& bias,
-                           const CommPtr& tp, bool input_is_parallel, bool sequence_parallel) {
+                           const CommPtr& tp, bool input_is_parallel, bool sequence_parallel,
+                           int64_t seq_dim) {
   const char* op = "row_parallel_linear";
   ops::check_defined(x, op, "x");
   ops::check_defined(w_shard, op, "w_shard");
@@ -81,8 +86,8 @@ Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor&
   Tensor partial = linear(input, w_shard);
   Tensor y;
   if (sequence_parallel) {
-    check_seq_dim(partial, op);
-    y = dist::reduce_scatter_to_sequence(partial, tp, 0);
+    check_seq_dim(partial, seq_dim, op);
+    y = dist::reduce_scatter_to_sequence(partial, tp, seq_dim);
   } else {
     y = dist::reduce_from_region(partial, tp);
   }

@@ -50,7 +50,7 @@ Tensor shard_vocab_rows(const Tensor& full, int64_t padded_vocab, int rank, int 
 }
 
 Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const CommPtr& tp,
-                                int64_t vocab_start, bool sequence_parallel) {
+                                int64_t vocab_start, bool sequence_parallel, int64_t seq_dim) {
   const char* op = "vocab_parallel_embedding";
   ops::check_defined(ids, op, "ids");
   ops::check_defined(w_shard, op, "w_shard");
@@ -60,8 +60,9 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const 
   const int64_t rows = w_shard.size(0), padded = rows * tp->size();
   TD_CHECK(vocab_start >= 0 && vocab_start + rows <= padded, op, ": vocab_start ", vocab_start,
            " with ", rows, " rows is outside the padded vocabulary ", padded);
-  TD_CHECK(!sequence_parallel || ids.dim() >= 1, op,
-           ": sequence parallelism needs ids with a sequence dim, got ", describe(ids));
+  TD_CHECK(!sequence_parallel || (seq_dim >= 0 && seq_dim < ids.dim()), op,
+           ": sequence parallelism splits dim ", seq_dim, ", which ids ", describe(ids),
+           " does not have");
   // Note [Masked lookup]: ids of other ranks look up row 0 and their output rows are zeroed by
   // masked_fill, whose backward zeroes their gradient too, so row 0 receives nothing from them.
   std::vector<int64_t> id = to_vector<int64_t>(ids);
@@ -80,7 +81,7 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const 
   std::copy(other.begin(), other.end(), static_cast<uint8_t*>(mask.data_ptr()));
   Tensor partial = masked_fill(embedding(w_shard, from_vector(local, ids.sizes())),
                                mask.to(w_shard.device()), 0.0);
-  return sequence_parallel ? dist::reduce_scatter_to_sequence(partial, tp, 0)
+  return sequence_parallel ? dist::reduce_scatter_to_sequence(partial, tp, seq_dim)
                            : dist::reduce_from_region(partial, tp);
 }
 

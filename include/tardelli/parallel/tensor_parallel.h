@@ -3,9 +3,9 @@
 // tensor_parallel/layers.py) as functions of tensors and the tensor-parallel group `tp`. They
 // hold no state: the caller owns the weight shards (leaf tensors) and passes the group.
 //
-// Layout: x is [..., in] with the sequence (or token) dim FIRST: [s, b, h] or [tokens, h]. Under
-// sequence parallelism dim 0 is split over the tp ranks (rank i holds rows [i*n, (i+1)*n)), so
-// dim 0 of the full tensor must be divisible by tp->size().
+// Layout: x is [..., in]. Under sequence parallelism dim `seq_dim` (default 0: Megatron's
+// [s, b, h]; the GPT's [b, s, h] passes 1) is split over the tp ranks (rank i holds positions
+// [i*n, (i+1)*n) of it), so that dim of the full tensor must be divisible by tp->size().
 //
 // Column-parallel: W [out, in] is split by rows (output features); rank i holds rows
 // [i*out/tp, (i+1)*out/tp) and the matching bias slice. Each rank computes its own output
@@ -32,23 +32,23 @@ using distributed::CommPtr;
 
 // y[..., out/tp] (or [..., out] with gather_output) = copy_to_region(x) W_shard^T + b_shard.
 // w_shard [out/tp, in]; b_shard [out/tp] or undefined. With sequence_parallel, x is this rank's
-// [s/tp, ...] chunk and is all-gathered along dim 0 first (backward: reduce-scatter of its
+// chunk of dim seq_dim and is all-gathered along it first (backward: reduce-scatter of its
 // gradient). gather_output together with sequence_parallel is an error (as in Megatron).
 Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& b_shard,
                               const CommPtr& tp, bool gather_output = false,
-                              bool sequence_parallel = false);
+                              bool sequence_parallel = false, int64_t seq_dim = 0);
 
 // y[..., out] = reduce(x_shard W_shard^T) + bias. w_shard [out, in/tp]; bias [out] (full,
 // replicated) or undefined. input_is_parallel: x is already this rank's [..., in/tp] slice (the
 // output of a column-parallel layer); otherwise x is the full [..., in] and is split along its
 // last dim (backward: all-gather). The reduction is reduce_from_region (all-reduce), or under
-// sequence_parallel reduce_scatter_to_sequence along dim 0 (the result is this rank's [s/tp, ...]
-// chunk; requires input_is_parallel). The bias is added after the reduction; under
-// sequence_parallel each rank adds it to its own rows only, so it enters through copy_to_region
-// and its gradient is all-reduced over tp (the full bias gradient on every rank).
+// sequence_parallel reduce_scatter_to_sequence along seq_dim (the result is this rank's chunk;
+// requires input_is_parallel). The bias is added after the reduction; under sequence_parallel each
+// rank adds it to its own rows only, so it enters through copy_to_region and its gradient is
+// all-reduced over tp (the full bias gradient on every rank).
 Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& bias,
                            const CommPtr& tp, bool input_is_parallel = true,
-                           bool sequence_parallel = false);
+                           bool sequence_parallel = false, int64_t seq_dim = 0);
 
 // Note [Layout-independent init]: a model initialized from a seed draws the FULL weight and
 // every rank slices its shard, so the same seed gives the same logical model for every tp

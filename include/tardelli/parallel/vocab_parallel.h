@@ -37,11 +37,12 @@ Tensor shard_vocab_rows(const Tensor& full, int64_t padded_vocab, int rank, int 
 
 // out[..., h] = W[ids[...]]: each rank looks up the ids in its range [vocab_start, vocab_start +
 // w_shard.size(0)), writes zero rows for the others, and the partial results are summed over tp
-// (reduce_from_region; under sequence_parallel reduce_scatter_to_sequence along dim 0, so the
-// result is this rank's chunk of dim 0 of ids, which must be divisible by tp). ids (int32/int64)
+// (reduce_from_region; under sequence_parallel reduce_scatter_to_sequence along seq_dim, so the
+// result is this rank's chunk of that dim of ids, which must be divisible by tp). ids (int32/int64)
 // are replicated over tp; an id outside [0, w_shard.size(0) * tp) is a td::Error.
 Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const CommPtr& tp,
-                                int64_t vocab_start, bool sequence_parallel = false);
+                                int64_t vocab_start, bool sequence_parallel = false,
+                                int64_t seq_dim = 0);
 
 // Cross-entropy of logits split over the vocabulary: logits_shard [N, V_pad/tp] holds columns
 // [vocab_start, vocab_start + V_pad/tp) of the logits, targets [N] (int32/int64, replicated
