@@ -79,5 +79,8 @@ void init_data(py::module_& m, TensorClass& cls);
 void init_checkpoint(py::module_& m, TensorClass& cls);  // after init_models
 void init_distributed(py::module_& m, TensorClass& cls);
 void init_data_parallel(py::module_& m, TensorClass& cls);  // after init_distributed
+void init_parallel(py::module_& m, TensorClass& cls);       // after init_distributed
+void init_gpt_parallel(py::module_& m, TensorClass& cls);   // after init_parallel, init_models
+void init_pipeline(py::module_& m, TensorClass& cls);
 
 }  // namespace td::python

@@ -90,6 +90,31 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
           "dropout_generator", [](GPT& g) -> Generator& { return g.dropout_generator(); },
           py::return_value_policy::reference_internal)
       .def("named_parameters", [](const GPT& g) { return named_list(g.named_parameters()); })
+      .def_property_readonly(
+          "tp_size", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_size() : 1; })
+      .def_property_readonly(
+          "tp_rank", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_rank() : 0; })
+      .def_property_readonly("sequence_parallel",
+                             [](const GPT& g) {
+                               return g.parallelism() != nullptr &&
+                                      g.parallelism()->sequence_parallel();
+                             })
+      .def_property_readonly(
+          "split_generator",
+          [](GPT& g) -> Generator* {
+            return g.parallelism() ? &g.parallelism()->split_generator() : nullptr;
+          },
+          py::return_value_policy::reference_internal)
+      .def(
+          "shard_spec",
+          [](const GPT& g, const std::string& name) {
+            const nn::ShardSpec s = g.shard_spec(name);
+            return py::make_tuple(s.dim, s.segments, s.parts, s.index);
+          },
+          "name"_a)
+      .def(
+          "full_shape", [](const GPT& g, const std::string& name) { return g.full_shape(name); },
+          "name"_a)
       .def("named_module_types",
            [](GPT& g) {
              py::list r;

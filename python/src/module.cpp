@@ -28,4 +28,7 @@ PYBIND11_MODULE(_C, m) {
   tp::init_checkpoint(m, cls);
   tp::init_distributed(m, cls);
   tp::init_data_parallel(m, cls);
+  tp::init_parallel(m, cls);
+  tp::init_gpt_parallel(m, cls);
+  tp::init_pipeline(m, cls);
 }

@@ -13,6 +13,8 @@ td.nn.Parameter, Note [Parameter shares the TensorImpl]), so parameters(), state
 load_state_dict(), zero_grad(), to(dtype) and optimizers act on what the C++ forward reads.
 Targets equal to -100 (IGNORE_INDEX, torch's default) are left out of the loss.
 """
+import math
+
 from . import _C
 from . import nn
 from ._tensor import as_dtype
@@ -104,14 +106,44 @@ class GPT(nn.Module):
         cpp = _C.models.GPT(config)
         object.__setattr__(self, "_cpp", cpp)
         object.__setattr__(self, "config", GPTConfig(**_config_dict(cpp.config)))
-        # Mirror the C++ module tree so names, repr and traversal are the C++ model's.
-        types = dict(cpp.named_module_types())
-        for name, t in cpp.named_parameters():
+        self._mirror_parameters()
+
+    def _mirror_parameters(self):
+        """Mirrors the C++ module tree so names, repr and traversal are the C++ model's (again
+        after a parallel layout replaced the tensors by shards: td.distributed.parallelize)."""
+        types = dict(self._cpp.named_module_types())
+        for name, t in self._cpp.named_parameters():
             mod_path, _, leaf = name.rpartition(".")
             self._node(mod_path, types).register_parameter(leaf, nn.Parameter(t))
-        if config.arch == "gpt2":
+        if self.config.arch == "gpt2":
             # Tied head: the same Parameter object under both names, as nanoGPT/HF tie them.
             self._node("lm_head", types).register_parameter("weight", self.wte.weight)
+
+    @property
+    def tp_size(self):
+        """The tensor-parallel degree of this model's layout (1: not parallelized)."""
+        return self._cpp.tp_size
+
+    @property
+    def tp_rank(self):
+        return self._cpp.tp_rank
+
+    @property
+    def sequence_parallel(self):
+        return self._cpp.sequence_parallel
+
+    @property
+    def split_generator(self):
+        """The per-tp-rank dropout stream of sequence-parallel regions (None without a layout)."""
+        return self._cpp.split_generator
+
+    def shard_spec(self, name):
+        """Where this rank's parameter `name` lies in the full tensor: a dict with dim (-1:
+        replicated), segments, parts, index (Note [Shard specs], include/tardelli/nn/
+        shard_spec.h) and full_shape."""
+        dim, segments, parts, index = self._cpp.shard_spec(name)
+        return {"dim": dim, "segments": list(segments), "parts": parts, "index": index,
+                "full_shape": list(self._cpp.full_shape(name))}
 
     def _node(self, path, types):
         mod = self
@@ -156,8 +188,11 @@ class GPT(nn.Module):
         token and position embeddings (lookups), plus the tied gpt2 head (wte as a GEMM
         operand), counted once more."""
         c = self.config
-        n = sum(p.numel() for name, p in self._cpp.named_parameters()
-                if p.dim() >= 2 and name not in ("wte.weight", "wpe.weight"))
+        n = 0
+        for name, _ in self._cpp.named_parameters():
+            shape = self._cpp.full_shape(name)
+            if len(shape) >= 2 and name not in ("wte.weight", "wpe.weight"):
+                n += math.prod(shape)
         return n + (c.vocab_size * c.d_model if c.arch == "gpt2" else 0)
 
     def flops_per_step(self, batch, seq_len):
@@ -172,6 +207,11 @@ class GPT(nn.Module):
                 6 * c.n_layer * batch * seq_len ** 2 * c.d_model)
 
     def num_parameters(self):
+        """Parameters of the full (logical) model, whatever the layout (vocabulary unpadded)."""
+        return sum(math.prod(self._cpp.full_shape(n)) for n, _ in self._cpp.named_parameters())
+
+    def local_num_parameters(self):
+        """Parameters this rank holds (its shards, padding included)."""
         return self._cpp.num_parameters()
 
     def extra_repr(self):

@@ -157,6 +157,27 @@ void DistributedOptimizer::zero_grad() {
   ddp_.zero_grad();
 }
 
+namespace {
+
+// Note [Norm exchange]: there is no float64 dtype to all_reduce, and an fp32 sum would lose
+// digits; each rank's double is all-gathered bit for bit (as int64) and summed in rank order,
+// so every rank computes the same total from the same numbers.
+double sum_over_ranks(double local, const CommPtr& comm) {
+  Tensor in = empty({1}, {DType::Int64});
+  std::memcpy(in.data_ptr<int64_t>(), &local, sizeof(double));
+  Tensor all = empty({comm->size()}, {DType::Int64});
+  comm->all_gather(all, in);
+  double total = 0;
+  for (int64_t r = 0; r < comm->size(); ++r) {
+    double x;
+    std::memcpy(&x, all.data_ptr<int64_t>() + r, sizeof(double));
+    total += x;
+  }
+  return total;
+}
+
+}  // namespace
+
 double DistributedOptimizer::local_sum_of_squares() const {
   // Note [Deterministic grad norm] (src/optim/clip_grad.cpp): fixed chunks, combined in order.
   struct Chunk {
@@ -166,6 +187,7 @@ double DistributedOptimizer::local_sum_of_squares() const {
   constexpr int64_t kChunk = 16384;
   std::vector<Chunk> chunks;
   for (size_t k = 0; k < pieces_.size(); ++k) {
+    if (!counted_.empty() && !counted_[pieces_[k].param]) continue;
     for (int64_t b = 0; b < pieces_[k].numel; b += kChunk) {
       chunks.push_back({k, b, std::min(pieces_[k].numel, b + kChunk)});
     }
@@ -189,22 +211,18 @@ double DistributedOptimizer::grad_norm() {
   TD_CHECK(ddp_.grads_synced(),
            "DistributedOptimizer.grad_norm: the gradients are not "
            "synchronized; call ddp.finish_grad_sync() after the last backward");
-  // Note [Norm exchange]: there is no float64 dtype to all_reduce, and an fp32 sum would lose
-  // digits; each rank's double is all-gathered bit for bit (as int64) and summed in rank order,
-  // so every rank computes the same norm from the same numbers.
-  const double local = local_sum_of_squares();
-  const auto& comm = ddp_.comm();
-  Tensor in = empty({1}, {DType::Int64});
-  std::memcpy(in.data_ptr<int64_t>(), &local, sizeof(double));
-  Tensor all = empty({comm->size()}, {DType::Int64});
-  comm->all_gather(all, in);
-  double total = 0;
-  for (int64_t r = 0; r < comm->size(); ++r) {
-    double x;
-    std::memcpy(&x, all.data_ptr<int64_t>() + r, sizeof(double));
-    total += x;
-  }
+  double total = sum_over_ranks(local_sum_of_squares(), ddp_.comm());
+  if (model_parallel_) total = sum_over_ranks(total, model_parallel_);
   return std::sqrt(total);
+}
+
+void DistributedOptimizer::set_model_parallel(CommPtr model_parallel, std::vector<bool> counted) {
+  TD_CHECK(model_parallel != nullptr, "DistributedOptimizer.set_model_parallel: null group");
+  TD_CHECK(counted.size() == ddp_.params().size(),
+           "DistributedOptimizer.set_model_parallel: ", counted.size(), " flags for ",
+           ddp_.params().size(), " parameters");
+  model_parallel_ = std::move(model_parallel);
+  counted_ = std::move(counted);
 }
 
 double DistributedOptimizer::clip_grad_norm(double max_norm) {

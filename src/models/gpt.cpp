@@ -158,6 +158,101 @@ GPT::GPT(GPTConfig config)
   lm_head_ =
       head->register_parameter("weight", gpt2 ? wte_ : normal("lm_head.weight", {V, d}, std_w));
   if (!gpt2) std::tie(rope_cos_, rope_sin_) = rope_cache(config_.block_size, hd, config_.rope_base);
+  for (auto& [name, p] : named_parameters()) full_shapes_[name] = p.sizes();
+  full_shapes_["lm_head.weight"] = {V, d};
+}
+
+std::vector<std::pair<std::string, Tensor*>> GPT::slots() {
+  const bool gpt2 = config_.arch == Arch::GPT2;
+  std::vector<std::pair<std::string, Tensor*>> s = {{"wte.weight", &wte_}};
+  if (gpt2) s.emplace_back("wpe.weight", &wpe_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    const std::string pre = "h." + std::to_string(i) + ".";
+    const std::pair<const char*, Tensor*> fields[] = {{"ln_1.weight", &l.ln_1_w},
+                                                      {"ln_1.bias", &l.ln_1_b},
+                                                      {"attn.c_attn.weight", &l.c_attn_w},
+                                                      {"attn.c_attn.bias", &l.c_attn_b},
+                                                      {"attn.c_proj.weight", &l.attn_proj_w},
+                                                      {"attn.c_proj.bias", &l.attn_proj_b},
+                                                      {"ln_2.weight", &l.ln_2_w},
+                                                      {"ln_2.bias", &l.ln_2_b},
+                                                      {"mlp.c_fc.weight", &l.c_fc_w},
+                                                      {"mlp.c_fc.bias", &l.c_fc_b},
+                                                      {"mlp.c_proj.weight", &l.mlp_proj_w},
+                                                      {"mlp.c_proj.bias", &l.mlp_proj_b}};
+    for (const auto& [n, t] : fields) {
+      if (t->defined()) s.emplace_back(pre + n, t);
+    }
+  }
+  s.emplace_back("ln_f.weight", &ln_f_w_);
+  if (gpt2) s.emplace_back("ln_f.bias", &ln_f_b_);
+  if (!gpt2) s.emplace_back("lm_head.weight", &lm_head_);
+  return s;
+}
+
+Shape GPT::full_shape(const std::string& name) const {
+  auto it = full_shapes_.find(name);
+  TD_CHECK(it != full_shapes_.end(), "GPT: no parameter named '", name, "'");
+  return it->second;
+}
+
+// The column-parallel weights split their output rows per segment (Note [Shard specs]): the
+// fused QKV weight's q, k and v row blocks separately (so a shard holds its own heads of each)
+// and llama's fused gate/up weight's two halves; the row-parallel projections split their
+// input columns; the vocabulary tables split their (padded) rows.
+nn::ShardSpec GPT::shard_spec(const std::string& name) const {
+  const Shape full = full_shape(name);
+  if (!parallel_ || parallel_->tp_size() == 1) return {};
+  const int tp = parallel_->tp_size(), r = parallel_->tp_rank();
+  const auto ends = [&](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  const int64_t hd = config_.head_dim();
+  if (name == "wte.weight" || name == "lm_head.weight")
+    return nn::ShardSpec::split(0, parallel_->padded_vocab(config_.vocab_size), tp, r);
+  if (ends(".attn.c_attn.weight") || ends(".attn.c_attn.bias")) {
+    const int64_t kv = config_.kv_heads() * hd;
+    return {0, {config_.n_head * hd, kv, kv}, tp, r};
+  }
+  if (ends(".mlp.c_fc.weight") || ends(".mlp.c_fc.bias")) {
+    if (config_.arch == Arch::GPT2) return nn::ShardSpec::split(0, ff_, tp, r);
+    return {0, {ff_, ff_}, tp, r};
+  }
+  if (ends(".attn.c_proj.weight") || ends(".mlp.c_proj.weight"))
+    return nn::ShardSpec::split(1, full[1], tp, r);
+  return {};
+}
+
+void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
+  TD_CHECK(p != nullptr, "GPT.set_parallelism: the layout is null");
+  TD_CHECK(parallel_ == nullptr, "GPT.set_parallelism: a layout (tp=", parallel_->tp_size(),
+           ") is already installed; build a new model to lay it out again");
+  const int tp = p->tp_size();
+  TD_CHECK(tp >= 1, "GPT.set_parallelism: tp size ", tp, " must be >= 1");
+  TD_CHECK(config_.n_head % tp == 0, "GPT.set_parallelism: n_head ", config_.n_head,
+           " is not divisible by the tensor-parallel size ", tp, " (attention splits heads)");
+  TD_CHECK(config_.kv_heads() % tp == 0, "GPT.set_parallelism: n_kv_head ", config_.kv_heads(),
+           " is not divisible by the tensor-parallel size ", tp,
+           " (grouped-query attention splits the key/value heads too)");
+  TD_CHECK(ff_ % tp == 0, "GPT.set_parallelism: the MLP hidden size ", ff_,
+           " (ffn_hidden) is not divisible by the tensor-parallel size ", tp);
+  const int64_t vpad = p->padded_vocab(config_.vocab_size);
+  TD_CHECK(vpad >= config_.vocab_size && vpad % tp == 0, "GPT.set_parallelism: padded vocabulary ",
+           vpad, " must be >= vocab_size ", config_.vocab_size, " and divisible by tp ", tp);
+  parallel_ = std::move(p);
+  autograd::NoGradGuard ng;
+  for (auto& [name, slot] : slots()) {
+    Tensor shard = shard_spec(name).take(*slot);
+    shard.set_requires_grad(true);
+    *slot = shard;
+    set_parameter(name, shard);
+  }
+  if (config_.arch == Arch::GPT2) {
+    lm_head_ = wte_;  // still tied: the head uses the same (sharded) table
+    set_parameter("lm_head.weight", wte_);
+  }
 }
 
 Tensor GPT::cast(const Tensor& p) const {
@@ -165,15 +260,33 @@ Tensor GPT::cast(const Tensor& p) const {
   return to_dtype(p, config_.dtype);
 }
 
-Tensor GPT::norm(const Tensor& x, const Tensor& w, const Tensor& b) const {
+// Under sequence parallelism the norms see this rank's tokens only, so their (replicated)
+// weights get partial gradients: replicated() all-reduces them over tp in backward.
+Tensor GPT::norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
   const int64_t d = config_.d_model;
-  if (config_.arch == Arch::GPT2) return layer_norm(x, {d}, cast(w), cast(b), config_.norm_eps);
-  return rms_norm(x, {d}, cast(w), config_.norm_eps);
+  const auto param = [&](const Tensor& p) {
+    return cast(sp && p.defined() ? parallel_->replicated(p) : p);
+  };
+  if (config_.arch == Arch::GPT2) return layer_norm(x, {d}, param(w), param(b), config_.norm_eps);
+  return rms_norm(x, {d}, param(w), config_.norm_eps);
 }
 
-Tensor GPT::maybe_dropout(const Tensor& x) {
+// Note [Dropout streams]: replicated activations (every tp rank holds the same values) draw
+// from the model's stream, identical on all tp ranks, so the replicas stay equal; split
+// activations (sequence parallel) draw from the layout's per-rank stream.
+Tensor GPT::maybe_dropout(const Tensor& x, bool sp) {
   if (!is_training() || config_.dropout <= 0.0) return x;
-  return dropout(x, config_.dropout, true, &dropout_gen_);
+  return dropout(x, config_.dropout, true, sp ? &parallel_->split_generator() : &dropout_gen_);
+}
+
+Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
+  if (parallel_) return parallel_->column_linear(x, cast(w), cast(b), sp);
+  return linear(x, cast(w), cast(b));
+}
+
+Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
+  if (parallel_) return parallel_->row_linear(x, cast(w), cast(b), sp);
+  return linear(x, cast(w), cast(b));
 }
 
 // Note [Fused QKV views]: q, k and v are column ranges of the one c_attn GEMM output
@@ -181,10 +294,16 @@ Tensor GPT::maybe_dropout(const Tensor& x) {
 // (rotary reads its input through strides and writes the rotated q/k contiguously). Attention
 // takes any strides, so the only copy in the block is the [B,H,T,hd] -> [B,T,H*hd] relayout of
 // its output before c_proj.
-Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer) {
-  const int64_t B = x.size(0), T = x.size(1);
-  const int64_t H = config_.n_head, Hkv = config_.kv_heads(), hd = config_.head_dim();
-  Tensor qkv = linear(norm(x, l.ln_1_w, l.ln_1_b), cast(l.c_attn_w), cast(l.c_attn_b));
+// Under a tensor-parallel layout H, Hkv and ff are this rank's shares (the weights are its
+// shards, Note [GPT tensor-parallel layout]); under sequence parallelism x is this rank's chunk
+// of T and the column layer gathers the whole sequence.
+Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
+                  bool sp) {
+  const int tp = parallel_ ? parallel_->tp_size() : 1;
+  const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
+  const int64_t ff = ff_ / tp;
+  Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp);
+  const int64_t B = qkv.size(0), T = qkv.size(1);
   Tensor q = qkv.narrow(2, 0, H * hd).view({B, T, H, hd});
   Tensor k = qkv.narrow(2, H * hd, Hkv * hd).view({B, T, Hkv, hd});
   Tensor v = qkv.narrow(2, (H + Hkv) * hd, Hkv * hd).view({B, T, Hkv, hd});
@@ -207,28 +326,37 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   // every cached position.
   Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), /*is_causal=*/true);
   y = y.permute({0, 2, 1, 3}).reshape({B, T, H * hd});
-  Tensor r = add(x, maybe_dropout(linear(y, cast(l.attn_proj_w), cast(l.attn_proj_b))));
+  Tensor r = add(x, maybe_dropout(row(y, l.attn_proj_w, l.attn_proj_b, sp), sp));
 
-  Tensor hn = norm(r, l.ln_2_w, l.ln_2_b);
+  Tensor hn = norm(r, l.ln_2_w, l.ln_2_b, sp);
   Tensor m;
   if (config_.arch == Arch::GPT2) {
-    m = gelu(linear(hn, cast(l.c_fc_w), cast(l.c_fc_b)), GeluApprox::Tanh);
+    m = gelu(column(hn, l.c_fc_w, l.c_fc_b, sp), GeluApprox::Tanh);
   } else {
-    Tensor gu = linear(hn, cast(l.c_fc_w));  // [B, T, 2ff]: gate columns, then up columns
-    m = mul(silu(gu.narrow(2, 0, ff_)), gu.narrow(2, ff_, ff_));
+    Tensor gu = column(hn, l.c_fc_w, Tensor(), sp);  // [B, T, 2ff]: gate columns, then up
+    m = mul(silu(gu.narrow(2, 0, ff)), gu.narrow(2, ff, ff));
   }
-  return add(r, maybe_dropout(linear(m, cast(l.mlp_proj_w), cast(l.mlp_proj_b))));
+  return add(r, maybe_dropout(row(m, l.mlp_proj_w, l.mlp_proj_b, sp), sp));
 }
 
-Tensor GPT::hidden(const Tensor& idx, int64_t start, KVCache* cache) {
+Tensor GPT::hidden(const Tensor& idx, int64_t start, KVCache* cache, bool sp) {
   const int64_t T = idx.size(1);
   // Embeddings are gathered from the fp32 tables and the [B, T, d] result is cast: fewer bytes
   // than casting the tables, and the scatter-add of their gradient stays fp32.
-  Tensor x = embedding(wte_, idx);
-  if (config_.arch == Arch::GPT2) x = add(x, wpe_.narrow(0, start, T));
-  x = maybe_dropout(cast(x));
-  for (size_t i = 0; i < layers_.size(); ++i) x = block(layers_[i], x, start, cache, i);
-  return norm(x, ln_f_w_, ln_f_b_);
+  Tensor x = parallel_ ? parallel_->embedding(idx, wte_, sp) : embedding(wte_, idx);
+  if (config_.arch == Arch::GPT2) {
+    Tensor pos = wpe_.narrow(0, start, T);
+    if (sp) {
+      // This rank holds tokens [rank*n, (rank+1)*n): its rows of the position table. The
+      // all-reduce of replicated() runs over all T rows, the same on every rank.
+      const int64_t n = T / parallel_->tp_size();
+      pos = parallel_->replicated(pos).narrow(0, parallel_->tp_rank() * n, n);
+    }
+    x = add(x, pos);
+  }
+  x = maybe_dropout(cast(x), sp);
+  for (size_t i = 0; i < layers_.size(); ++i) x = block(layers_[i], x, start, cache, i, sp);
+  return norm(x, ln_f_w_, ln_f_b_, sp);
 }
 
 Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
@@ -244,7 +372,15 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
              "GPT.forward: targets must be int64/int32 with the shape of idx ",
              shape_str(idx.sizes()), ", got ", describe(targets));
   }
-  Tensor h = hidden(idx, 0, nullptr);  // [B, T, d], compute dtype
+  const bool sp = parallel_ && parallel_->sequence_parallel();
+  TD_CHECK(!sp || T % parallel_->tp_size() == 0, "GPT.forward: sequence parallelism splits the ", T,
+           " positions over ", parallel_->tp_size(),
+           " tensor-parallel ranks: the sequence length must be divisible by tp");
+  Tensor h = hidden(idx, 0, nullptr, sp);  // [B, T(/tp under sp), d], compute dtype
+  if (parallel_) {
+    if (!targets.defined()) return parallel_->logits(h, cast(lm_head_), config_.vocab_size, sp);
+    return parallel_->loss(h, cast(lm_head_), targets, config_.vocab_size, kIgnoreIndex, sp);
+  }
   if (!targets.defined()) return linear(h, cast(lm_head_));  // logits [B, T, V]
   // Training: the head and the loss fused and chunked over tokens, so the [B*T, V] logits and
   // their gradient never exist whole (Note [Chunked LM head]). The softmax over the vocabulary
@@ -274,7 +410,8 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
       seq[b].assign(flat.begin() + b * T0, flat.begin() + (b + 1) * T0);
   }
   KVCache cache;
-  const int64_t Hkv = config_.kv_heads(), hd = config_.head_dim();
+  const int64_t Hkv = config_.kv_heads() / (parallel_ ? parallel_->tp_size() : 1);
+  const int64_t hd = config_.head_dim();
   for (size_t i = 0; i < layers_.size(); ++i) {
     cache.k.push_back(Tensor::empty({B, Hkv, block, hd}, config_.dtype));
     cache.v.push_back(Tensor::empty({B, Hkv, block, hd}, config_.dtype));
@@ -287,8 +424,9 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
     std::vector<int64_t> ids;
     ids.reserve(static_cast<size_t>(B * n));
     for (const auto& s : seq) ids.insert(ids.end(), s.end() - n, s.end());
-    Tensor h = hidden(from_vector<int64_t>(ids, {B, n}), start, &cache);
-    Tensor logits = linear(h.narrow(1, n - 1, 1), head);
+    Tensor h = hidden(from_vector<int64_t>(ids, {B, n}), start, &cache, /*sp=*/false);
+    Tensor last = h.narrow(1, n - 1, 1);
+    Tensor logits = parallel_ ? parallel_->logits(last, head, V, false) : linear(last, head);
     len = start + n;
     return to_vector<float>(logits);
   };

@@ -67,6 +67,14 @@ class DistributedOptimizer {
   double clip_grad_norm(double max_norm);
   double grad_norm();  // the same norm, no clipping
 
+  // Note [Model-parallel grad norm] (Megatron's param_is_not_tensor_parallel_duplicate): under
+  // tensor parallelism each tp rank's optimizer sees its own shards, so the norm of the full
+  // model's gradient is the sum over the tp group of each rank's squares, where a parameter
+  // split over tp counts on every tp rank and a replicated one (identical on all) only on tp
+  // rank 0. counted[i] says whether ddp.params()[i] counts on this rank; the per-rank sums are
+  // then summed over `model_parallel` too. td::Error when counted has the wrong length.
+  void set_model_parallel(CommPtr model_parallel, std::vector<bool> counted);
+
   void set_lr(double lr);
   std::vector<optim::ParamGroup>& param_groups() { return groups_; }
   const std::vector<optim::ParamGroup>& param_groups() const { return groups_; }
@@ -91,6 +99,8 @@ class DistributedOptimizer {
   std::vector<Tensor> shard_in_;  // per bucket: this rank's updated shard [shard_numel]
   std::vector<Tensor> gathered_;  // per bucket: all ranks' shards [padded_numel]
   int64_t step_ = 0;
+  CommPtr model_parallel_;
+  std::vector<bool> counted_;  // per DDP parameter (empty: all count)
 };
 
 }  // namespace td::distributed

@@ -31,14 +31,19 @@
 // Dropout (config.dropout > 0, training mode): on the embeddings and on both residual branches
 // (nanoGPT's resid_dropout). The fused attention kernel has no probability dropout, so attention
 // weights are not dropped.
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tardelli/core/allocator.h"
 #include "tardelli/core/rng.h"
 #include "tardelli/models/gpt_config.h"
+#include "tardelli/models/gpt_parallelism.h"
 #include "tardelli/nn/module.h"
+#include "tardelli/nn/shard_spec.h"
 
 namespace td::models {
 
@@ -85,6 +90,20 @@ class GPT : public nn::Module {
   Generator& dropout_generator() { return dropout_gen_; }
   const Generator& dropout_generator() const { return dropout_gen_; }
 
+  // Lays the model out as `p` says (Note [GPT tensor-parallel layout] in gpt_parallelism.h):
+  // every parameter is replaced by this rank's shard of the full one (shard_spec(name)), the
+  // full tensors are released, and forward/generate run the layout's collectives. Call it once,
+  // on a freshly built model, before creating an optimizer (optimizers hold the old tensors).
+  // td::Error naming the config field when the layout does not fit (heads, kv heads or hidden
+  // units not divisible by tp), or when a layout is already installed.
+  void set_parallelism(std::shared_ptr<GPTParallelism> p);
+  GPTParallelism* parallelism() const { return parallel_.get(); }
+  // Where this rank's tensor `name` (a parameter name) lies in the full one under the
+  // installed layout (replicated without one). td::Error for an unknown name.
+  nn::ShardSpec shard_spec(const std::string& name) const;
+  // The full (logical) shape of parameter `name` (the vocabulary tables unpadded).
+  Shape full_shape(const std::string& name) const;
+
  private:
   struct Layer {
     Tensor ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;
@@ -96,11 +115,18 @@ class GPT : public nn::Module {
 
   // The hidden states after ln_f for tokens at positions [start, start + T); with a cache the
   // new keys/values are written into it at those positions and attention runs over its prefix.
-  Tensor hidden(const Tensor& idx, int64_t start, KVCache* cache);
-  Tensor block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer);
-  Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b) const;
+  // sp: this forward runs sequence parallel (the result is then this rank's chunk of T).
+  Tensor hidden(const Tensor& idx, int64_t start, KVCache* cache, bool sp);
+  Tensor block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
+               bool sp);
+  Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
   Tensor cast(const Tensor& p) const;  // parameter -> compute dtype (differentiable)
-  Tensor maybe_dropout(const Tensor& x);
+  Tensor maybe_dropout(const Tensor& x, bool sp);
+  // The layout-dependent linear layers (plain linear without a layout).
+  Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
+  Tensor row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
+  // Every parameter slot with its full name (the tied gpt2 head excluded).
+  std::vector<std::pair<std::string, Tensor*>> slots();
 
   GPTConfig config_;
   int64_t ff_ = 0;
@@ -108,6 +134,8 @@ class GPT : public nn::Module {
   std::vector<Layer> layers_;
   Tensor rope_cos_, rope_sin_;  // llama: fp32 [block_size, hd/2]
   Generator dropout_gen_;
+  std::shared_ptr<GPTParallelism> parallel_;  // null: one device
+  std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
 };
 
 }  // namespace td::models

@@ -18,9 +18,9 @@ struct GPTConfig {
   int64_t block_size = 1024;  // max sequence length (learned positions / RoPE cache)
   int64_t n_layer = 12;
   int64_t n_head = 12;
-  int64_t n_kv_head = 0;      // 0: = n_head (no grouping); llama may use fewer
+  int64_t n_kv_head = 0;  // 0: = n_head (no grouping); llama may use fewer
   int64_t d_model = 768;
-  int64_t ffn_hidden = 0;     // 0: 4*d_model (gpt2) or llama's rule (see gpt.h)
+  int64_t ffn_hidden = 0;  // 0: 4*d_model (gpt2) or llama's rule (see gpt.h)
   double dropout = 0.0;
   double norm_eps = 1e-5;
   double rope_base = 10000.0;

@@ -65,8 +65,10 @@ class DistributedDataParallel:
         self.module = module_or_params if hasattr(module_or_params, "named_parameters") else None
         self.group = _default_group(group)
         self.zero = bool(zero)
+        named = _named_params(module_or_params)
+        self.param_names = [n for n, _ in named]  # DDP order (the C++ params() order)
         self._cpp = _D.DistributedDataParallel(
-            _named_params(module_or_params), self.group, max(1, int(round(bucket_mb * 1e6))),
+            named, self.group, max(1, int(round(bucket_mb * 1e6))),
             bool(overlap), self.zero, bool(average))
 
     def __call__(self, *args, **kwargs):
@@ -180,6 +182,14 @@ class DistributedOptimizer:
 
     def grad_norm(self):
         return self._cpp.grad_norm()
+
+    def set_model_parallel(self, model, group):
+        """Makes the norm that of the full tensor-parallel model (Note [Model-parallel grad
+        norm] in distributed_optimizer.h): parameters split over the tp `group` count on every
+        tp rank, replicated ones on tp rank 0 only, and the sums are added over `group`."""
+        first = group.rank == 0
+        counted = [model.shard_spec(n)["dim"] >= 0 or first for n in self.ddp.param_names]
+        self._cpp.set_model_parallel(group, counted)
 
     def optimizer_state_bytes(self):
         """Bytes of this rank's master weights and moments (~ 12 * numel / dp)."""

@@ -1,0 +1,63 @@
+#pragma once
+// td::models::GPTParallelism: the few places where the GPT's computation depends on how it is
+// laid out over devices, as an interface the model calls. The model itself is written once,
+// without parallelism (gpt.h); a separate step (td::parallel::parallelize, parallel/
+// parallelize.h) builds an implementation from a process grid and installs it with
+// GPT::set_parallelism, which also replaces every parameter by this rank's shard. The model
+// layer never sees a communicator: this interface is all it knows of distribution.
+//
+// Note [GPT tensor-parallel layout] (Megatron-LM's, on the GPT's [B, T, d] activations):
+//   - c_attn (fused QKV) and mlp.c_fc are column-parallel: each rank computes its heads
+//     (n_head/tp query heads, n_kv_head/tp key/value heads) and its 1/tp of the MLP hidden units;
+//     attention and the MLP nonlinearity run on those locally.
+//   - attn.c_proj and mlp.c_proj are row-parallel: partial products are summed over tp (their
+//     biases are replicated and added once, after the sum).
+//   - wte (and llama's untied lm_head) are vocab-parallel: rows split over tp after padding the
+//     vocabulary; the embedding is a masked lookup + sum, the loss a vocab-parallel
+//     cross-entropy, so the full [tokens, vocab] logits never exist.
+//   - Norm weights, wpe and the row-parallel biases are replicated.
+// Sequence parallelism (sp) additionally splits the activations between the layers (the
+// residual stream, norms, dropout) along T (dim 1): the column-parallel input is all-gathered
+// over tp and the row-parallel output reduce-scattered, so those activations take 1/tp of the
+// memory. A replicated parameter that acts on split activations then gets only a partial
+// gradient on each rank; replicated() completes it (an all-reduce in backward).
+#include <cstdint>
+
+#include "tardelli/core/rng.h"
+#include "tardelli/core/tensor.h"
+
+namespace td::models {
+
+class GPTParallelism {
+ public:
+  virtual ~GPTParallelism() = default;
+
+  virtual int tp_size() const = 0;
+  virtual int tp_rank() const = 0;
+  // Whether training forwards run sequence parallel (generation never does: its steps have
+  // one token).
+  virtual bool sequence_parallel() const = 0;
+  // The vocabulary the vocab-parallel tables are padded to (a multiple of tp_size()).
+  virtual int64_t padded_vocab(int64_t vocab_size) const = 0;
+
+  // x [B, T(/tp under sp), in] -> [B, T, out/tp]: this rank's output columns.
+  virtual Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) = 0;
+  // x [B, T, in/tp] -> [B, T(/tp under sp), out]: summed over tp, + the replicated bias.
+  virtual Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) = 0;
+  // ids [B, T] (replicated) -> [B, T(/tp under sp), d] from the vocab-parallel table w.
+  virtual Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) = 0;
+  // A replicated tensor consumed by split activations: identity forward, gradient all-reduced
+  // over tp in backward.
+  virtual Tensor replicated(const Tensor& p) = 0;
+  // The mean cross-entropy of logits = h w^T (w vocab-parallel [V_pad/tp, d]) against targets
+  // [B, T] (replicated; ignore_index skipped), never gathering the logits. fp32 scalar.
+  virtual Tensor loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t vocab_size,
+                      int64_t ignore_index, bool sp) = 0;
+  // The full logits [B, T, vocab_size] of h (gathered; inference and evaluation of logits).
+  virtual Tensor logits(const Tensor& h, const Tensor& w, int64_t vocab_size, bool sp) = 0;
+  // The dropout stream for split activations (different on every tp rank; Note [Which stream]
+  // in parallel/rng_tracker.h). Replicated activations use the model's dropout_generator().
+  virtual Generator& split_generator() = 0;
+};
+
+}  // namespace td::models

@@ -1,0 +1,75 @@
+#pragma once
+// The parallelize step: lays a GPT written without parallelism out over a process grid
+// (torchtitan's parallelize(), Megatron-LM's tensor/sequence parallel GPT). Today it applies
+// tensor and sequence parallelism over grid.tp(); pipeline stages are the next layout to slot in
+// here. Data parallelism wraps the result afterwards (DistributedDataParallel over grid.dp()).
+//
+//   auto model = std::make_shared<td::models::GPT>(config);     // full weights from the seed
+//   td::parallel::parallelize(*model, grid, {.sequence_parallel = true});
+//   // model->parameters() are now this rank's shards; forward/backward run the collectives.
+//
+// Every rank of the tp group must build the same config (same seed): each initializes the full
+// model and keeps its slice (Note [Layout-independent init] in tensor_parallel.h), so a run at
+// tp=4 starts from exactly the slices of the tp=1 model.
+#include <cstdint>
+#include <memory>
+
+#include "tardelli/distributed/communicator.h"
+#include "tardelli/distributed/process_grid.h"
+#include "tardelli/models/gpt.h"
+#include "tardelli/parallel/rng_tracker.h"
+
+namespace td::parallel {
+
+struct ParallelOptions {
+  bool sequence_parallel = false;
+  // Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this
+  // times tp (padded rows are zero and never change the loss).
+  int64_t make_vocab_size_divisible_by = 128;
+};
+
+// The tensor-parallel implementation of the GPT's layout hooks (Note [GPT tensor-parallel
+// layout] in models/gpt_parallelism.h), built from the functions of tensor_parallel.h and
+// vocab_parallel.h on activations [B, T, d] (sequence parallelism splits dim 1).
+class GPTTensorParallel : public models::GPTParallelism {
+ public:
+  // seed: the model's seed; the split-activation dropout stream is Megatron's model-parallel
+  // stream seed + 2718 + tp_rank (RngTracker::model_parallel).
+  GPTTensorParallel(distributed::CommPtr tp, const ParallelOptions& options, uint64_t seed);
+
+  int tp_size() const override { return tp_->size(); }
+  int tp_rank() const override { return tp_->rank(); }
+  bool sequence_parallel() const override { return options_.sequence_parallel; }
+  int64_t padded_vocab(int64_t vocab_size) const override;
+
+  Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
+  Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
+  Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) override;
+  Tensor replicated(const Tensor& p) override;
+  Tensor loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t vocab_size,
+              int64_t ignore_index, bool sp) override;
+  Tensor logits(const Tensor& h, const Tensor& w, int64_t vocab_size, bool sp) override;
+  Generator& split_generator() override { return rng_.get(kModelParallelRng); }
+
+  const distributed::CommPtr& group() const { return tp_; }
+  RngTracker& rng() { return rng_; }
+
+ private:
+  distributed::CommPtr tp_;
+  ParallelOptions options_;
+  RngTracker rng_;
+};
+
+// Installs tensor (and, with options.sequence_parallel, sequence) parallelism over `tp` on a
+// freshly built model. tp of size 1 installs nothing (the model stays the one-device model).
+// td::Error when the model does not divide (GPT::set_parallelism) or sequence parallelism is
+// asked for without tp.
+void apply_tensor_parallel(models::GPT& model, const distributed::CommPtr& tp,
+                           const ParallelOptions& options);
+
+// Applies every model-parallel layout the grid asks for: tensor parallelism over grid.tp().
+// td::Error naming the degree when the grid asks for a layout not built yet (pp, cp, ep > 1).
+void parallelize(models::GPT& model, const distributed::ProcessGrid& grid,
+                 const ParallelOptions& options);
+
+}  // namespace td::parallel

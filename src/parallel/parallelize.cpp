@@ -1,0 +1,91 @@
+#include "tardelli/parallel/parallelize.h"
+
+#include "tardelli/distributed/collectives.h"
+#include "tardelli/ops/copy.h"
+#include "tardelli/ops/loss.h"
+#include "tardelli/parallel/tensor_parallel.h"
+#include "tardelli/parallel/vocab_parallel.h"
+
+namespace td::parallel {
+
+namespace dist = td::distributed;
+
+namespace {
+constexpr int64_t kSeqDim = 1;  // the GPT's activations are [B, T, d]
+}  // namespace
+
+GPTTensorParallel::GPTTensorParallel(dist::CommPtr tp, const ParallelOptions& options,
+                                     uint64_t seed)
+    : tp_(std::move(tp)), options_(options) {
+  TD_CHECK(tp_ != nullptr, "GPTTensorParallel: the tensor-parallel communicator is null");
+  TD_CHECK(options_.make_vocab_size_divisible_by > 0,
+           "GPTTensorParallel: make_vocab_size_divisible_by must be > 0, got ",
+           options_.make_vocab_size_divisible_by);
+  rng_ = RngTracker::model_parallel(seed, tp_->rank());
+}
+
+int64_t GPTTensorParallel::padded_vocab(int64_t vocab_size) const {
+  return padded_vocab_size(vocab_size, tp_->size(), options_.make_vocab_size_divisible_by);
+}
+
+Tensor GPTTensorParallel::column_linear(const Tensor& x, const Tensor& w, const Tensor& b,
+                                        bool sp) {
+  return column_parallel_linear(x, w, b, tp_, /*gather_output=*/false, sp, kSeqDim);
+}
+
+Tensor GPTTensorParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) {
+  return row_parallel_linear(x, w, b, tp_, /*input_is_parallel=*/true, sp, kSeqDim);
+}
+
+Tensor GPTTensorParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {
+  const int64_t start = vocab_range(w.size(0) * tp_->size(), tp_->rank(), tp_->size()).start;
+  return vocab_parallel_embedding(ids, w, tp_, start, sp, kSeqDim);
+}
+
+Tensor GPTTensorParallel::replicated(const Tensor& p) {
+  return dist::copy_to_region(p, tp_);
+}
+
+// The head is a column-parallel layer over the vocabulary (under sp it gathers the sequence
+// first), and the loss reduces over tp without gathering: each rank materializes only its
+// [tokens, V_pad/tp] slice of the logits (fp32 for the softmax, as the one-device head).
+Tensor GPTTensorParallel::loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                               int64_t vocab_size, int64_t ignore_index, bool sp) {
+  Tensor logits = column_parallel_linear(h, w, Tensor(), tp_, false, sp, kSeqDim);
+  if (logits.dtype() != DType::Float32) logits = to_dtype(logits, DType::Float32);
+  const int64_t n = logits.size(0) * logits.size(1), vs = logits.size(2);
+  const int64_t start = vocab_range(vs * tp_->size(), tp_->rank(), tp_->size()).start;
+  return vocab_parallel_cross_entropy(logits.reshape({n, vs}), targets.reshape({n}), tp_, start,
+                                      vocab_size, ignore_index, Reduction::Mean);
+}
+
+// Under sp the gathered hidden states feed a column layer, whose copy_to_region already
+// all-reduces their gradient: the gather's backward only keeps this rank's chunk.
+Tensor GPTTensorParallel::logits(const Tensor& h, const Tensor& w, int64_t vocab_size, bool sp) {
+  Tensor x = sp ? dist::gather_from_sequence(h, tp_, kSeqDim, /*tp_output_grad=*/false) : h;
+  Tensor full = column_parallel_linear(x, w, Tensor(), tp_, /*gather_output=*/true, false);
+  return full.size(2) == vocab_size ? full : full.narrow(2, 0, vocab_size).contiguous();
+}
+
+void apply_tensor_parallel(models::GPT& model, const dist::CommPtr& tp,
+                           const ParallelOptions& options) {
+  TD_CHECK(tp != nullptr, "apply_tensor_parallel: the tensor-parallel communicator is null");
+  TD_CHECK(!options.sequence_parallel || tp->size() > 1,
+           "apply_tensor_parallel: sequence parallelism needs tensor parallelism (tp > 1); "
+           "the tp group has size ",
+           tp->size());
+  if (tp->size() == 1) return;
+  model.set_parallelism(std::make_shared<GPTTensorParallel>(tp, options, model.config().seed));
+}
+
+void parallelize(models::GPT& model, const dist::ProcessGrid& grid,
+                 const ParallelOptions& options) {
+  const dist::ParallelDims& d = grid.dims();
+  TD_CHECK(d.pp == 1, "parallelize: pipeline parallelism (pp=", d.pp,
+           ") is not available for the GPT yet");
+  TD_CHECK(d.cp == 1, "parallelize: context parallelism (cp=", d.cp,
+           ") is not available for the GPT yet");
+  apply_tensor_parallel(model, grid.tp(), options);
+}
+
+}  // namespace td::parallel
