@@ -88,4 +88,4 @@ def test_zero1_resume_is_exact(tmp_path):
                         "--zero", "1", "--save", str(save), "--resume"], env=ENV,
                        capture_output=True, text=True, timeout=200)
     assert p.returncode != 0
-    assert "ZeRO-1 optimizer shards of 2 data-parallel ranks but this run has 4" in p.stderr
+    assert "ZeRO-1 optimizer shards of 2 ranks but this run has 4" in p.stderr

@@ -53,7 +53,13 @@ class TrainConfig:
     split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
     synthetic_data: bool = field(default=False, metadata=dict(
         help="random tokens drawn from the seed instead of a dataset"))
-    # ---- parallelism (data parallel size = world size / (tp x pp x cp); tp = pp = cp = 1 today)
+    # ---- parallelism (data parallel size = world size / (tp x pp x cp); pp = cp = 1 today)
+    tp: int = field(default=1, metadata=dict(
+        help="tensor-parallel size: each layer's matrices split over this many ranks"))
+    sequence_parallel: bool = field(default=False, metadata=dict(
+        help="with --tp > 1: also split the activations between layers along the sequence"))
+    make_vocab_size_divisible_by: int = field(default=128, metadata=dict(
+        help="under --tp, pad the vocabulary to a multiple of this x tp"))
     zero: int = field(default=0, metadata=dict(
         help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks"))
     ddp_bucket_mb: float = field(default=40.0, metadata=dict(
@@ -142,8 +148,9 @@ def build_parser(prog="python -m tardelli.train", extra=None):
     return p
 
 
-def parse_config(argv=None, dp_size=1):
-    """(TrainConfig, argparse namespace) from argv; ConfigError on a bad value."""
+def parse_config(argv=None, world_size=1):
+    """(TrainConfig, argparse namespace) from argv; ConfigError on a bad value. world_size: the
+    ranks of the job (data-parallel size = world_size / tp)."""
     args = build_parser().parse_args(argv)
     values = {}
     if args.config:
@@ -153,7 +160,9 @@ def parse_config(argv=None, dp_size=1):
         if v is not None:
             values[name] = v
     cfg = TrainConfig(**values)
-    validate(cfg, dp_size)
+    if cfg.tp >= 1 and world_size % cfg.tp != 0:
+        raise ConfigError(f"--tp {cfg.tp} does not divide the {world_size} ranks of this job")
+    validate(cfg, world_size // cfg.tp if cfg.tp >= 1 else 1)
     return cfg, args
 
 
@@ -175,6 +184,19 @@ def validate(cfg, dp_size=1):
         need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
              f"got {getattr(cfg, name)}")
     need(cfg.zero in (0, 1), f"--zero must be 0 or 1, got {cfg.zero}")
+    need(cfg.tp >= 1, f"--tp must be >= 1, got {cfg.tp}")
+    need(not cfg.sequence_parallel or cfg.tp > 1,
+         "--sequence-parallel needs tensor parallelism (--tp > 1)")
+    need(cfg.make_vocab_size_divisible_by >= 1,
+         f"--make-vocab-size-divisible-by must be >= 1, got {cfg.make_vocab_size_divisible_by}")
+    if cfg.tp > 1:
+        kv_ = cfg.kv_heads or cfg.heads
+        need(cfg.heads % cfg.tp == 0,
+             f"--tp {cfg.tp} does not divide --heads {cfg.heads} (attention splits heads)")
+        need(kv_ % cfg.tp == 0, f"--tp {cfg.tp} does not divide the {kv_} key/value heads "
+             "(--kv-heads; grouped-query attention splits them too)")
+        need(not cfg.sequence_parallel or cfg.seq_len % cfg.tp == 0,
+             f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
     need(cfg.d_model % cfg.heads == 0,
@@ -228,4 +250,6 @@ def split_ratios(cfg):
 # What a resumed run must share with its checkpoint besides the model (GPTConfig.diff): the
 # data order (the position is a sample count into the order these define) and the optimizer
 # layout. Batch sizes may change (the position counts samples, as in Megatron).
-RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed", "zero")
+# The tensor-parallel size fixes the checkpoint's shards (resharding is not available yet).
+RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed", "zero", "tp",
+               "make_vocab_size_divisible_by")

@@ -7,8 +7,13 @@
         model.safetensors       every parameter by its GPT name (fp32 master weights)
         optimizer.safetensors   "<param>.exp_avg", "<param>.exp_avg_sq"; __metadata__
                                 "optimizer": groups (parameter names, hyperparameters), steps
-        optimizer.rankNNNNN.safetensors   instead, with --zero 1: each data-parallel rank's
-                                shard (fp32 master and moment slices), one file per rank
+        optimizer.rankNNNNN.safetensors   instead, with --zero 1: each rank's shard (fp32
+                                master and moment slices), one file per rank
+        model.tpNN.safetensors  instead of model.safetensors with --tp > 1: tensor-parallel
+                                rank NN's shards under the GPT names; __metadata__ "tp" gives
+                                each one's place in the full tensor (ShardSpec) and that
+                                rank's sequence-parallel dropout stream
+        optimizer.tpNN.safetensors  likewise for the optimizer (without --zero)
         vocab.json, merges.txt  the tokenizer, when the data came with one
 """
 import json
@@ -53,6 +58,57 @@ def _shard_file(rank):
     return f"optimizer.rank{rank:05d}.safetensors"
 
 
+def _tp_file(kind, tp_rank):
+    return f"{kind}.tp{tp_rank:02d}.safetensors"
+
+
+def _tp_metadata(model):
+    """The "tp" metadata of a model shard file: every tensor's ShardSpec and full shape."""
+    meta = {"size": model.tp_size, "rank": model.tp_rank,
+            "sequence_parallel": model.sequence_parallel,
+            "shards": {n: model.shard_spec(n) for n, _ in _named_params(model)}}
+    g = model.split_generator
+    if g is not None:
+        seed, offset, sub = g.get_state()
+        meta["split_rng"] = {"seed": seed, "offset": offset, "subsequence": sub}
+    return {"tp": json.dumps(meta)}
+
+
+def _place(shard, spec, full):
+    """Writes `shard` into `full` at its place (Note [Shard specs]; padding dropped)."""
+    if spec["dim"] < 0 or spec["parts"] == 1:
+        full.copy_(shard)
+        return
+    dim, parts, index = spec["dim"], spec["parts"], spec["index"]
+    seg_start = src = 0
+    for seg in spec["segments"]:
+        k = seg // parts
+        lo = seg_start + index * k
+        hi = min(lo + k, full.shape[dim])
+        if hi > lo:
+            full.narrow(dim, lo, hi - lo).copy_(shard.narrow(dim, src, hi - lo))
+        seg_start += seg
+        src += k
+
+
+def assemble_full_state(reader):
+    """The full (tp=1) model state of a checkpoint, assembled from its tensor-parallel shards
+    when it has them: name -> tensor. Used to generate from or export a tp>1 checkpoint."""
+    tp = reader.meta().get("parallel", {}).get("tp", 1)
+    if tp == 1:
+        return dict(reader.read_tensors("model.safetensors"))
+    full = {}
+    for r in range(tp):
+        f = _tp_file("model", r)
+        info = json.loads(reader.read_metadata(f)["tp"])
+        for name, t in reader.read_tensors(f).items():
+            spec = info["shards"][name]
+            if name not in full:
+                full[name] = td.zeros(*spec["full_shape"], dtype=t.dtype)
+            _place(t, spec, full[name])
+    return full
+
+
 def _zero_tensors(opt, rank, size):
     """(tensors, metadata) of this rank's ZeRO-1 shard: named master/moment slices."""
     tensors, other = {}, {}
@@ -73,23 +129,37 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     prepares the directory, then the others join, then rank 0 commits)."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     sharded = bool(cfg.zero)
+    tp, tp_rank = model.tp_size, model.tp_rank
+    dp = size // tp
+    dp_first = rank // tp == 0  # ranks are tp-fastest: world ranks 0..tp-1 are dp rank 0
     name = td.checkpoint.step_dir_name(step)
     path = os.path.join(root, name)
     writer = None
+    # Writers: rank 0 always; with ZeRO-1 every rank (its optimizer shard; id = world rank);
+    # with tp > 1 the tp ranks of data-parallel rank 0 (their model shards; id = tp rank).
+    writer_id = rank if sharded else (tp_rank if dp_first else None)
+    num_writers = size if sharded else tp
     if rank == 0:
         os.makedirs(root, exist_ok=True)
         writer = td.checkpoint.CheckpointWriter(path, 0)
     if world is not None:
         world.barrier()
-    if rank != 0 and sharded:
-        writer = td.checkpoint.CheckpointWriter(path, rank)
+    if rank != 0 and writer_id is not None:
+        writer = td.checkpoint.CheckpointWriter(path, writer_id)
     if sharded:
         tensors, metadata = _zero_tensors(opt, rank, size)
         writer.write_tensors(_shard_file(rank), tensors, metadata)
-    if rank == 0:
-        writer.write_tensors("model.safetensors", dict(_named_params(model)))
+    if tp > 1 and dp_first:
+        writer.write_tensors(_tp_file("model", tp_rank), dict(_named_params(model)),
+                             _tp_metadata(model))
         if not sharded:
-            writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
+            tensors, metadata = _optimizer_tensors(model, opt)
+            writer.write_tensors(_tp_file("optimizer", tp_rank), tensors, metadata)
+    if rank == 0:
+        if tp == 1:
+            writer.write_tensors("model.safetensors", dict(_named_params(model)))
+            if not sharded:
+                writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
         if tokenizer_dir:
             for f in ("vocab.json", "merges.txt"):
                 writer.copy_file(f, os.path.join(tokenizer_dir, f))
@@ -106,10 +176,11 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
             "data": {"consumed_samples": consumed_samples, "seed": cfg.seed,
                      "prefix": cfg.data, "synthetic": cfg.synthetic_data},
             "rng": {"dropout": {"seed": seed, "offset": offset, "subsequence": sub}},
-            "parallel": {"dp": size, "zero": int(cfg.zero)},
+            "parallel": {"dp": dp, "tp": tp, "world": size, "zero": int(cfg.zero),
+                         "sequence_parallel": model.sequence_parallel},
             "train": cfg.to_dict(),
         }
-        writer.commit(meta, size if sharded else 1)
+        writer.commit(meta, num_writers)
         td.checkpoint.update_latest(root, name)
     if world is not None:
         world.barrier()  # nobody resumes or exits before the checkpoint is in place
@@ -120,7 +191,10 @@ def load_model(path):
     """A td.models.GPT with the checkpoint's weights, in eval mode (generation, export)."""
     reader = td.checkpoint.CheckpointReader(path)
     model = td.models.GPT(td.checkpoint.config_from_dict(reader.meta()["config"]))
-    td.checkpoint.load_model_state(reader, model)
+    if reader.meta().get("parallel", {}).get("tp", 1) == 1:
+        td.checkpoint.load_model_state(reader, model)
+    else:
+        model.load_state_dict(assemble_full_state(reader), strict=False)
     model.eval()
     return model, reader
 
@@ -143,27 +217,62 @@ def load(path, model, opt, cfg, world=None):
         raise C.ConfigError(
             f"--resume: checkpoint {path} was trained with different data settings: " +
             ", ".join(f"{k}: {getattr(cfg, k)!r} vs {saved[k]!r}" for k in changed))
-    td.checkpoint.load_model_state(reader, model)
+    par = meta.get("parallel", {})
+    saved_tp = par.get("tp", 1)
+    if saved_tp != model.tp_size:
+        raise C.ConfigError(
+            f"--resume: {path} holds tensor-parallel shards for tp={saved_tp} but this run has "
+            f"tp={model.tp_size}; loading at another tensor-parallel size (resharding) is not "
+            "supported yet: resume with --tp " + str(saved_tp))
+    if model.tp_size == 1:
+        td.checkpoint.load_model_state(reader, model)
+    else:
+        _load_tp_model(reader, path, model)
+    rank, size = (world.rank, world.size) if world is not None else (0, 1)
     if cfg.zero:
-        rank, size = (world.rank, world.size) if world is not None else (0, 1)
-        saved_dp = meta.get("parallel", {}).get("dp", 1)
-        if saved_dp != size:
+        saved_world = par.get("world", par.get("dp", 1))
+        if saved_world != size:
             raise C.ConfigError(
-                f"--resume: {path} holds ZeRO-1 optimizer shards of {saved_dp} data-parallel "
-                f"ranks but this run has {size}; resharding is not supported yet")
+                f"--resume: {path} holds ZeRO-1 optimizer shards of {saved_world} ranks but "
+                f"this run has {size}; resharding is not supported yet")
         shard = dict(reader.read_tensors(_shard_file(rank)))
         shard.update(json.loads(reader.read_metadata(_shard_file(rank))["zero"])["scalars"])
         opt.load_state_dict(shard)
     else:
-        _load_optimizer(reader, path, model, opt)
+        _load_optimizer(reader, path, model, opt,
+                        "optimizer.safetensors" if model.tp_size == 1 else
+                        _tp_file("optimizer", model.tp_rank))
     r = meta["rng"]["dropout"]
     model.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
     return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"]}
 
 
-def _load_optimizer(reader, path, model, opt):
-    opt_tensors = reader.read_tensors("optimizer.safetensors")
-    opt_meta = json.loads(reader.read_metadata("optimizer.safetensors")["optimizer"])
+def _load_tp_model(reader, path, model):
+    """This tp rank's model shards (and split dropout stream), after checking each tensor's
+    recorded place in the full tensor against this run's layout."""
+    f = _tp_file("model", model.tp_rank)
+    info = json.loads(reader.read_metadata(f)["tp"])
+    tensors = reader.read_tensors(f)
+    params = dict(_named_params(model))
+    if set(tensors) != set(params):
+        raise C.ConfigError(f"--resume: {path}/{f}: parameter names differ (missing "
+                            f"{sorted(set(params) - set(tensors))}, unexpected "
+                            f"{sorted(set(tensors) - set(params))})")
+    with td.no_grad():
+        for n, p in params.items():
+            want = model.shard_spec(n)
+            if info["shards"][n] != want or list(tensors[n].shape) != list(p.shape):
+                raise C.ConfigError(f"--resume: {path}/{f}: '{n}' is the shard "
+                                    f"{info['shards'][n]} but this run's layout needs {want}")
+            p.copy_(tensors[n])
+    if "split_rng" in info and model.split_generator is not None:
+        r = info["split_rng"]
+        model.split_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
+
+
+def _load_optimizer(reader, path, model, opt, fname="optimizer.safetensors"):
+    opt_tensors = reader.read_tensors(fname)
+    opt_meta = json.loads(reader.read_metadata(fname)["optimizer"])
     params = dict(_named_params(model))
     by_impl = {p._impl_id(): n for n, p in params.items()}
     if len(opt_meta["groups"]) != len(opt.param_groups):

@@ -164,14 +164,31 @@ def train(cfg, world=None, out=print):
     """Runs one training job; returns the summary dict (also printed as the last line on rank
     0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
     from .. import distributed as dist
-    if cfg.zero and world is None:
+    from ..distributed.parallelize import clip_grad_norm_ as tp_clip_grad_norm_
+    from ..distributed.parallelize import parallelize
+    if (cfg.zero or cfg.tp > 1) and world is None:
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
-    dp_rank, dp_size = (world.rank, world.size) if world is not None else (0, 1)
+    size = world.size if world is not None else 1
+    if size % cfg.tp != 0:
+        raise C.ConfigError(f"--tp {cfg.tp} does not divide the {size} ranks of this job "
+                            "(data-parallel size = ranks / tp; start the ranks with "
+                            "python -m tardelli.launch --nproc N)")
+    dp_size = size // cfg.tp
     C.validate(cfg, dp_size)
-    is_main = dp_rank == 0
-    data = Data(cfg, dp_rank, dp_size)
+    grid = None
+    if world is not None:
+        # Megatron's rank order: tp fastest, so the ranks of a tp group are neighbours.
+        grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, dp=dp_size))
+    dp_rank = grid.coords.dp if grid is not None else 0
+    is_main = world is None or world.rank == 0
+    data = Data(cfg, dp_rank, dp_size)  # every tp rank of a replica reads the same samples
     mcfg = model_config(cfg, data.vocab_size)
     model = td.models.GPT(mcfg)
+    if cfg.tp > 1:
+        # Note [Parallelize step]: the model is built whole from the seed on every rank, then
+        # each rank keeps its shards (layout-independent init: tp=N starts from tp=1's weights).
+        parallelize(model, grid, sequence_parallel=cfg.sequence_parallel,
+                    make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
     model.train()
     groups = model.param_groups(cfg.weight_decay)
     ddp = None
@@ -179,11 +196,13 @@ def train(cfg, world=None, out=print):
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
         # into them, never set to None); a bucket's reduction starts as soon as backward has
         # produced its last gradient, and only on the last micro-batch of a step.
-        ddp = dist.DistributedDataParallel(model, group=world, bucket_mb=cfg.ddp_bucket_mb,
+        ddp = dist.DistributedDataParallel(model, group=grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
                                            zero=bool(cfg.zero))
     if cfg.zero:
         opt = dist.DistributedOptimizer(ddp, groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                         eps=cfg.eps)
+        if cfg.tp > 1:
+            opt.set_model_parallel(model, grid.tp())
     else:
         opt = td.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     lr_at = schedule(cfg)
@@ -206,12 +225,14 @@ def train(cfg, world=None, out=print):
     n_params = model.num_parameters()
     flops_per_step = model.flops_per_step(global_batch, cfg.seq_len)
     peak = gemm_peak_flops({"fp32": td.float32, "bf16": td.bfloat16,
-                            "fp16": td.float16}[cfg.dtype]) * dp_size
+                            "fp16": td.float16}[cfg.dtype]) * size
     if is_main:
         out(f"train: {cfg.arch} {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
             f"vocab {data.vocab_size}, {n_params / 1e6:.2f}M parameters, {cfg.dtype}; "
             f"global batch {global_batch} x {cfg.seq_len} tokens ({accum} micro-batches of "
-            f"{cfg.micro_batch_size} x dp {dp_size}{', ZeRO-1' if cfg.zero else ''}); "
+            f"{cfg.micro_batch_size} x dp {dp_size}{', ZeRO-1' if cfg.zero else ''}"
+            f"{f', tp {cfg.tp}' if cfg.tp > 1 else ''}"
+            f"{' + sequence parallel' if cfg.sequence_parallel else ''}); "
             f"GEMM peak {peak / 1e9:.0f} GFLOP/s")
         if resumed_from:
             out(f"train: resumed from {resumed_from} at step {start_step} "
@@ -248,6 +269,8 @@ def train(cfg, world=None, out=print):
             if cfg.zero:
                 grad_norm = opt.clip_grad_norm(max_norm) if cfg.clip_grad > 0 else \
                     opt.grad_norm()
+            elif cfg.tp > 1:
+                grad_norm = tp_clip_grad_norm_(model, max_norm, grid.tp())
             else:
                 grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
             opt.step()
@@ -288,6 +311,7 @@ def train(cfg, world=None, out=print):
         metrics.close()
 
     summary = {"event": "train_end", "step": step, "params": n_params, "dp": dp_size,
+               "tp": cfg.tp, "local_params": model.local_num_parameters(),
                "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
                max(t_train, 1e-9)}
     if last is not None:
