@@ -2,6 +2,7 @@
 // backward runs with the GIL released; a Python hook takes it back for its own call (see
 // PyCallable), so other Python threads run while the graph executes.
 #include "bind.h"
+#include "tardelli/autograd/weight_grad_store.h"
 
 namespace td::python {
 
@@ -93,6 +94,18 @@ void init_autograd(py::module_& m, TensorClass& cls) {
           "hook"_a)
       .def("retain_grad", &Tensor::retain_grad);
 
+  py::class_<autograd::DeferredWeightGrads>(
+      m, "DeferredWeightGrads", "Weight gradients left by backward_input (zero-bubble pipelines)")
+      .def("run", &autograd::DeferredWeightGrads::run, nogil())
+      .def("__len__", &autograd::DeferredWeightGrads::size);
+  m.def(
+      "backward_input",
+      [](const TensorList& roots, const std::vector<std::optional<Tensor>>& grads) {
+        TensorList g = or_undefined(grads);
+        py::gil_scoped_release unlocked;
+        return autograd::backward_input(roots, g);
+      },
+      "roots"_a, "grads"_a);
   m.def(
       "backward",
       [](const TensorList& roots, const std::vector<std::optional<Tensor>>& grads,

@@ -1,5 +1,7 @@
 #include "tardelli/autograd/engine.h"
 
+#include <algorithm>
+
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -15,7 +17,9 @@ namespace {
 // count reaches zero). Among ready nodes the most recently created runs first, which keeps
 // memory low on a sequential model (each layer's activations are freed right after its backward).
 struct ByNewest {
-  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+  bool operator()(const Node* a, const Node* b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
 };
 
 struct Capture {
@@ -50,8 +54,10 @@ void run(const TensorList& roots, const TensorList& grad_roots, bool retain_grap
              ") does not require grad and has no grad_fn");
     Tensor g = grad_roots.empty() ? Tensor() : grad_roots[i];
     if (!g.defined()) {
-      TD_CHECK(r.numel() == 1, "backward: grad can be implicitly created only for one-element "
-               "outputs; got ", describe(r), " (pass a gradient)");
+      TD_CHECK(r.numel() == 1,
+               "backward: grad can be implicitly created only for one-element "
+               "outputs; got ",
+               describe(r), " (pass a gradient)");
       g = ones_like(r);
     } else {
       TD_CHECK(g.sizes() == r.sizes(), "backward: gradient shape ", shape_str(g.sizes()),
@@ -105,6 +111,11 @@ void run(const TensorList& roots, const TensorList& grad_roots, bool retain_grap
       }
       skip = dynamic_cast<AccumulateGrad*>(n) != nullptr;  // grad() never touches .grad
     }
+    // A node that received no gradient at all (every path into it carried none, e.g. a weight
+    // whose gradient was deferred: Note [Deferred weight gradients]) has nothing to pass on.
+    if (!skip &&
+        std::none_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); }))
+      skip = true;
     TensorList out;
     if (!skip) {
       out = n->apply(std::move(grads));

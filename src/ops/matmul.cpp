@@ -3,6 +3,7 @@
 #include "ops/common.h"
 #include "ops/cpu/onednn.h"
 #include "tardelli/autograd/function.h"
+#include "tardelli/autograd/weight_grad_store.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/reduction.h"
@@ -229,7 +230,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              Tensor g2 = reshape(g[0], {rows, outf});
              Tensor gx, gw, gb;
              if (need[0]) gx = reshape(mm(g2, weight), x.sizes());
-             if (need[1]) gw = mm(transpose(g2, 0, 1), reshape(x, {rows, in}));
+             if (need[1] && autograd::deferring_weight_grads()) {
+               // Note [Deferred weight gradients]: keep (dY, X) for dW, computed later.
+               autograd::defer_weight_grad(weight, [g2, x, rows, in] {
+                 return mm(transpose(g2, 0, 1), reshape(x, {rows, in}));
+               });
+             } else if (need[1]) {
+               gw = mm(transpose(g2, 0, 1), reshape(x, {rows, in}));
+             }
              if (has_bias && need[2]) gb = sum(g2, {0});
              return TensorList{gx, gw, gb};
            });
