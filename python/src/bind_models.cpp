@@ -73,6 +73,22 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
   py::class_<GPT, std::shared_ptr<GPT>>(mm, "GPT")
       .def(py::init([](const GPTConfig& c) { return std::make_shared<GPT>(c); }), "config"_a,
            nogil())
+      .def(py::init([](const GPTConfig& c, int64_t first_layer, int64_t num_layers, bool pre,
+                       bool post) {
+             return std::make_shared<GPT>(c, models::GPTStage{first_layer, num_layers, pre, post});
+           }),
+           "config"_a, "first_layer"_a, "num_layers"_a, "pre"_a, "post"_a, nogil())
+      .def_property_readonly("stage",
+                             [](const GPT& g) {
+                               const auto& s = g.stage();
+                               return py::make_tuple(s.first_layer, s.num_layers, s.pre, s.post);
+                             })
+      .def(
+          "forward_stage",
+          [](GPT& g, const Tensor& input, const std::optional<Tensor>& targets) {
+            return g.forward_stage(input, or_undefined(targets));
+          },
+          "input"_a, "targets"_a = py::none(), nogil())
       .def_property_readonly("config", &GPT::config)
       .def(
           "forward",

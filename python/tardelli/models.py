@@ -99,11 +99,15 @@ class GPT(nn.Module):
     """The fused GPT (gpt2 or llama from one config; see include/tardelli/models/gpt.h for the
     math, names, initialization and mixed precision)."""
 
-    def __init__(self, config):
+    def __init__(self, config, stage=None):
+        """stage: None for the whole model, or (first_layer, num_layers, pre, post): one
+        pipeline stage's part (layers under their global names, the embeddings when pre, ln_f
+        and the head when post; include/tardelli/models/gpt.h, GPTStage)."""
         super().__init__()
         if not isinstance(config, _CConfig):
             raise TypeError(f"GPT: expected a td.models.GPTConfig, got {type(config).__name__}")
-        cpp = _C.models.GPT(config)
+        cpp = _C.models.GPT(config) if stage is None else _C.models.GPT(
+            config, int(stage[0]), int(stage[1]), bool(stage[2]), bool(stage[3]))
         object.__setattr__(self, "_cpp", cpp)
         object.__setattr__(self, "config", GPTConfig(**_config_dict(cpp.config)))
         self._mirror_parameters()
@@ -115,7 +119,7 @@ class GPT(nn.Module):
         for name, t in self._cpp.named_parameters():
             mod_path, _, leaf = name.rpartition(".")
             self._node(mod_path, types).register_parameter(leaf, nn.Parameter(t))
-        if self.config.arch == "gpt2":
+        if self.config.arch == "gpt2" and self._cpp.stage[3]:
             # Tied head: the same Parameter object under both names, as nanoGPT/HF tie them.
             self._node("lm_head", types).register_parameter("weight", self.wte.weight)
 
@@ -159,6 +163,17 @@ class GPT(nn.Module):
         """idx [B, T] int64 -> logits [B, T, V]; with targets [B, T] -> the mean loss."""
         return self._cpp.forward(idx, targets)
 
+    @property
+    def stage(self):
+        """(first_layer, num_layers, pre, post) of this pipeline stage (the whole model:
+        (0, n_layer, True, True))."""
+        return tuple(self._cpp.stage)
+
+    def forward_stage(self, input, targets=None):  # noqa: A002
+        """One pipeline stage's forward: token ids (first stage) or hidden states in; the loss
+        (last stage, with targets), else the hidden states to send on."""
+        return self._cpp.forward_stage(input, targets)
+
     def train(self, mode=True):
         super().train(mode)
         self._cpp.train(mode)
@@ -186,14 +201,14 @@ class GPT(nn.Module):
     def matmul_params(self):
         """Weights that take part in a matrix multiply: every parameter with dim >= 2 except the
         token and position embeddings (lookups), plus the tied gpt2 head (wte as a GEMM
-        operand), counted once more."""
+        operand), counted once more. A pipeline stage counts its own part."""
         c = self.config
         n = 0
         for name, _ in self._cpp.named_parameters():
             shape = self._cpp.full_shape(name)
             if len(shape) >= 2 and name not in ("wte.weight", "wpe.weight"):
                 n += math.prod(shape)
-        return n + (c.vocab_size * c.d_model if c.arch == "gpt2" else 0)
+        return n + (c.vocab_size * c.d_model if c.arch == "gpt2" and self.stage[3] else 0)
 
     def flops_per_step(self, batch, seq_len):
         """Model FLOPs of one training step (forward + backward) on batch x seq_len tokens, the
@@ -201,10 +216,10 @@ class GPT(nn.Module):
         weight grad) plus attention: QK^T and AV are 2 x 2 x T^2 x d per sequence and layer
         forward, halved for causality, x 3 for forward + backward = 6 x layers x batch x T^2 x d
         (PaLM's 12 L d T per token, halved). Embedding lookups, norms, softmax and the
-        optimizer are not counted."""
+        optimizer are not counted. A pipeline stage counts its own layers."""
         c = self.config
         return (6 * self.matmul_params() * batch * seq_len +
-                6 * c.n_layer * batch * seq_len ** 2 * c.d_model)
+                6 * self.stage[1] * batch * seq_len ** 2 * c.d_model)
 
     def num_parameters(self):
         """Parameters of the full (logical) model, whatever the layout (vocabulary unpadded)."""

@@ -98,9 +98,24 @@ int64_t ffn_hidden_size(const GPTConfig& c) {
 // Philox subsequence of its own, so its values depend only on the seed, its name and its shape.
 // Creation order, the number of other parameters, and any later sharding of the model cannot
 // change them (a shard can regenerate its slice of the full tensor from the same stream).
-GPT::GPT(GPTConfig config)
-    : nn::Module("GPT"), config_(std::move(config)), dropout_gen_(config_.seed, 0xD409) {
+GPT::GPT(GPTConfig config, GPTStage stage)
+    : nn::Module("GPT"),
+      config_(std::move(config)),
+      stage_(stage),
+      dropout_gen_(config_.seed, 0xD409) {
   config_.validate();
+  if (stage_.num_layers < 0) stage_.num_layers = config_.n_layer - stage_.first_layer;
+  TD_CHECK(stage_.first_layer >= 0 && stage_.num_layers >= 0 &&
+               stage_.first_layer + stage_.num_layers <= config_.n_layer,
+           "GPT: stage layers [", stage_.first_layer, ", ", stage_.first_layer + stage_.num_layers,
+           ") are outside the model's ", config_.n_layer, " layers");
+  TD_CHECK(stage_.num_layers > 0 || stage_.pre || stage_.post,
+           "GPT: a stage must hold at least one layer, the embeddings or the head");
+  // Note [Stage dropout streams]: each pipeline stage draws from its own subsequence (keyed by
+  // its first layer), so stages never repeat one another's masks (Megatron offsets its seed by
+  // the pp rank for the same reason). The whole model keeps its original stream.
+  if (!stage_.whole(config_.n_layer))
+    dropout_gen_.set_state(config_.seed, 0, 0xD409 + 1 + static_cast<uint64_t>(stage_.first_layer));
   ff_ = ffn_hidden_size(config_);
   const bool gpt2 = config_.arch == Arch::GPT2;
   const int64_t d = config_.d_model, V = config_.vocab_size, L = config_.n_layer;
@@ -129,16 +144,19 @@ GPT::GPT(GPTConfig config)
     if (gpt2) b = m->register_parameter("bias", zeros({d}));
   };
 
-  auto wte = child(*this, "wte", "Embedding");
-  wte_ = wte->register_parameter("weight", normal("wte.weight", {V, d}, std_w));
-  if (gpt2) {
+  // The tied gpt2 head needs the table on a post stage too (Note [Stage parameters]).
+  if (stage_.pre || (gpt2 && stage_.post)) {
+    auto wte = child(*this, "wte", "Embedding");
+    wte_ = wte->register_parameter("weight", normal("wte.weight", {V, d}, std_w));
+  }
+  if (gpt2 && stage_.pre) {
     auto wpe = child(*this, "wpe", "Embedding");
     wpe_ = wpe->register_parameter("weight", normal("wpe.weight", {config_.block_size, d}, std_w));
   }
   auto h = child(*this, "h", "ModuleList");
-  layers_.resize(static_cast<size_t>(L));
-  for (int64_t i = 0; i < L; ++i) {
-    Layer& l = layers_[static_cast<size_t>(i)];
+  layers_.resize(static_cast<size_t>(stage_.num_layers));
+  for (int64_t i = stage_.first_layer; i < stage_.first_layer + stage_.num_layers; ++i) {
+    Layer& l = layers_[static_cast<size_t>(i - stage_.first_layer)];
     const std::string pre = "h." + std::to_string(i) + ".";
     auto blk = child(*h, std::to_string(i), "Block");
     norm_mod(*blk, "ln_1", l.ln_1_w, l.ln_1_b);
@@ -151,24 +169,28 @@ GPT::GPT(GPTConfig config)
     linear_mod(*mlp, pre + "mlp.", "c_fc", gpt2 ? ff_ : 2 * ff_, d, std_w, l.c_fc_w, l.c_fc_b);
     linear_mod(*mlp, pre + "mlp.", "c_proj", d, ff_, std_proj, l.mlp_proj_w, l.mlp_proj_b);
   }
-  norm_mod(*this, "ln_f", ln_f_w_, ln_f_b_);
-  auto head = child(*this, "lm_head", "Linear");
-  // gpt2 ties the head to the token embedding: the same tensor, so named_parameters lists it
-  // once (as wte.weight) and both uses accumulate into one gradient.
-  lm_head_ =
-      head->register_parameter("weight", gpt2 ? wte_ : normal("lm_head.weight", {V, d}, std_w));
+  if (stage_.post) {
+    norm_mod(*this, "ln_f", ln_f_w_, ln_f_b_);
+    auto head = child(*this, "lm_head", "Linear");
+    // gpt2 ties the head to the token embedding: the same tensor, so named_parameters lists it
+    // once (as wte.weight) and both uses accumulate into one gradient.
+    lm_head_ =
+        head->register_parameter("weight", gpt2 ? wte_ : normal("lm_head.weight", {V, d}, std_w));
+    full_shapes_["lm_head.weight"] = {V, d};
+  }
   if (!gpt2) std::tie(rope_cos_, rope_sin_) = rope_cache(config_.block_size, hd, config_.rope_base);
   for (auto& [name, p] : named_parameters()) full_shapes_[name] = p.sizes();
-  full_shapes_["lm_head.weight"] = {V, d};
 }
 
 std::vector<std::pair<std::string, Tensor*>> GPT::slots() {
   const bool gpt2 = config_.arch == Arch::GPT2;
-  std::vector<std::pair<std::string, Tensor*>> s = {{"wte.weight", &wte_}};
-  if (gpt2) s.emplace_back("wpe.weight", &wpe_);
+  std::vector<std::pair<std::string, Tensor*>> s;
+  if (wte_.defined()) s.emplace_back("wte.weight", &wte_);
+  if (wpe_.defined()) s.emplace_back("wpe.weight", &wpe_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
-    const std::string pre = "h." + std::to_string(i) + ".";
+    const std::string pre =
+        "h." + std::to_string(stage_.first_layer + static_cast<int64_t>(i)) + ".";
     const std::pair<const char*, Tensor*> fields[] = {{"ln_1.weight", &l.ln_1_w},
                                                       {"ln_1.bias", &l.ln_1_b},
                                                       {"attn.c_attn.weight", &l.c_attn_w},
@@ -185,9 +207,11 @@ std::vector<std::pair<std::string, Tensor*>> GPT::slots() {
       if (t->defined()) s.emplace_back(pre + n, t);
     }
   }
-  s.emplace_back("ln_f.weight", &ln_f_w_);
-  if (gpt2) s.emplace_back("ln_f.bias", &ln_f_b_);
-  if (!gpt2) s.emplace_back("lm_head.weight", &lm_head_);
+  if (stage_.post) {
+    s.emplace_back("ln_f.weight", &ln_f_w_);
+    if (gpt2) s.emplace_back("ln_f.bias", &ln_f_b_);
+    if (!gpt2) s.emplace_back("lm_head.weight", &lm_head_);
+  }
   return s;
 }
 
@@ -249,7 +273,7 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
     *slot = shard;
     set_parameter(name, shard);
   }
-  if (config_.arch == Arch::GPT2) {
+  if (config_.arch == Arch::GPT2 && stage_.post) {
     lm_head_ = wte_;  // still tied: the head uses the same (sharded) table
     set_parameter("lm_head.weight", wte_);
   }
@@ -339,28 +363,73 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   return add(r, maybe_dropout(row(m, l.mlp_proj_w, l.mlp_proj_b, sp), sp));
 }
 
-Tensor GPT::hidden(const Tensor& idx, int64_t start, KVCache* cache, bool sp) {
-  const int64_t T = idx.size(1);
-  // Embeddings are gathered from the fp32 tables and the [B, T, d] result is cast: fewer bytes
-  // than casting the tables, and the scatter-add of their gradient stays fp32.
-  Tensor x = parallel_ ? parallel_->embedding(idx, wte_, sp) : embedding(wte_, idx);
-  if (config_.arch == Arch::GPT2) {
-    Tensor pos = wpe_.narrow(0, start, T);
-    if (sp) {
-      // This rank holds tokens [rank*n, (rank+1)*n): its rows of the position table. The
-      // all-reduce of replicated() runs over all T rows, the same on every rank.
-      const int64_t n = T / parallel_->tp_size();
-      pos = parallel_->replicated(pos).narrow(0, parallel_->tp_rank() * n, n);
+Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) {
+  Tensor x = input;
+  if (stage_.pre) {
+    const Tensor& idx = input;
+    const int64_t T = idx.size(1);
+    // Embeddings are gathered from the fp32 tables and the [B, T, d] result is cast: fewer
+    // bytes than casting the tables, and the scatter-add of their gradient stays fp32.
+    x = parallel_ ? parallel_->embedding(idx, wte_, sp) : embedding(wte_, idx);
+    if (config_.arch == Arch::GPT2) {
+      Tensor pos = wpe_.narrow(0, start, T);
+      if (sp) {
+        // This rank holds tokens [rank*n, (rank+1)*n): its rows of the position table. The
+        // all-reduce of replicated() runs over all T rows, the same on every rank.
+        const int64_t n = T / parallel_->tp_size();
+        pos = parallel_->replicated(pos).narrow(0, parallel_->tp_rank() * n, n);
+      }
+      x = add(x, pos);
     }
-    x = add(x, pos);
+    x = maybe_dropout(cast(x), sp);
   }
-  x = maybe_dropout(cast(x), sp);
   for (size_t i = 0; i < layers_.size(); ++i) x = block(layers_[i], x, start, cache, i, sp);
-  return norm(x, ln_f_w_, ln_f_b_, sp);
+  return stage_.post ? norm(x, ln_f_w_, ln_f_b_, sp) : x;
+}
+
+Tensor GPT::head(const Tensor& h, const Tensor& targets, bool sp) {
+  if (parallel_) {
+    if (!targets.defined()) return parallel_->logits(h, cast(lm_head_), config_.vocab_size, sp);
+    return parallel_->loss(h, cast(lm_head_), targets, config_.vocab_size, kIgnoreIndex, sp);
+  }
+  if (!targets.defined()) return linear(h, cast(lm_head_));  // logits [B, T, V]
+  // Training: the head and the loss fused and chunked over tokens, so the [B*T, V] logits and
+  // their gradient never exist whole (Note [Chunked LM head]). The softmax over the vocabulary
+  // is taken in fp32 (a bf16 scalar loss would be rounded to 8 bits of mantissa).
+  const int64_t N = h.size(0) * h.size(1);
+  return linear_cross_entropy(h.reshape({N, h.size(2)}), cast(lm_head_), targets.reshape({N}),
+                              kIgnoreIndex);
+}
+
+Tensor GPT::forward_stage(const Tensor& input, const Tensor& targets) {
+  TD_CHECK(input.defined(), "GPT.forward_stage: the input is undefined");
+  const bool sp = parallel_ && parallel_->sequence_parallel();
+  if (stage_.pre) return forward(input, targets);
+  const int64_t tp = parallel_ ? parallel_->tp_size() : 1;
+  TD_CHECK(input.dim() == 3 && input.size(2) == config_.d_model && input.dtype() == config_.dtype,
+           "GPT.forward_stage: a stage after the first takes hidden states [batch, seq",
+           sp ? "/tp" : "", ", ", config_.d_model, "] ", dtype_name(config_.dtype), ", got ",
+           describe(input));
+  TD_CHECK(input.size(1) * (sp ? tp : 1) <= config_.block_size,
+           "GPT.forward_stage: sequence length exceeds block_size ", config_.block_size);
+  if (targets.defined()) {
+    TD_CHECK(is_integral(targets.dtype()) && targets.dim() == 2 &&
+                 targets.size(0) == input.size(0) &&
+                 targets.size(1) == input.size(1) * (sp ? tp : 1),
+             "GPT.forward_stage: targets must be [batch, seq] int64/int32 ids matching the hidden "
+             "states ",
+             describe(input), ", got ", describe(targets));
+  }
+  Tensor h = hidden(input, 0, nullptr, sp);
+  return stage_.post ? head(h, targets, sp) : h;
 }
 
 Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
   TD_CHECK(idx.defined(), "GPT.forward: idx is undefined");
+  TD_CHECK(stage_.pre,
+           "GPT.forward: this model is a pipeline stage without the embeddings "
+           "(layers from ",
+           stage_.first_layer, "): call forward_stage with hidden states");
   TD_CHECK(idx.dim() == 2 && is_integral(idx.dtype()),
            "GPT.forward: idx must be [batch, seq] int64/int32 token ids, got ", describe(idx));
   const int64_t B = idx.size(0), T = idx.size(1);
@@ -377,21 +446,14 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
            " positions over ", parallel_->tp_size(),
            " tensor-parallel ranks: the sequence length must be divisible by tp");
   Tensor h = hidden(idx, 0, nullptr, sp);  // [B, T(/tp under sp), d], compute dtype
-  if (parallel_) {
-    if (!targets.defined()) return parallel_->logits(h, cast(lm_head_), config_.vocab_size, sp);
-    return parallel_->loss(h, cast(lm_head_), targets, config_.vocab_size, kIgnoreIndex, sp);
-  }
-  if (!targets.defined()) return linear(h, cast(lm_head_));  // logits [B, T, V]
-  // Training: the head and the loss fused and chunked over tokens, so the [B*T, V] logits and
-  // their gradient never exist whole (Note [Chunked LM head]). The softmax over the vocabulary
-  // is taken in fp32 (a bf16 scalar loss would be rounded to 8 bits of mantissa).
-  const int64_t N = h.size(0) * h.size(1);
-  return linear_cross_entropy(h.reshape({N, h.size(2)}), cast(lm_head_), targets.reshape({N}),
-                              kIgnoreIndex);
+  return stage_.post ? head(h, targets, sp) : h;
 }
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature, int64_t top_k,
                      Generator* gen) {
+  TD_CHECK(stage_.whole(config_.n_layer), "GPT.generate: this model is one pipeline stage (layers ",
+           stage_.first_layer, "..", stage_.first_layer + stage_.num_layers - 1,
+           "); generate from the whole model (e.g. loaded from the checkpoint)");
   TD_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()),
            "GPT.generate: idx must be [batch, seq] int64/int32 token ids, got ",
            idx.defined() ? describe(idx) : std::string("undefined"));

@@ -75,14 +75,19 @@ void apply_tensor_parallel(models::GPT& model, const dist::CommPtr& tp,
            "the tp group has size ",
            tp->size());
   if (tp->size() == 1) return;
-  model.set_parallelism(std::make_shared<GPTTensorParallel>(tp, options, model.config().seed));
+  // A pipeline stage's split stream is offset by its first layer (Note [Stage dropout streams]
+  // in gpt.cpp): chunks on one rank must not share masks.
+  const uint64_t seed =
+      model.config().seed + 100 * static_cast<uint64_t>(model.stage().first_layer);
+  model.set_parallelism(std::make_shared<GPTTensorParallel>(tp, options, seed));
 }
 
 void parallelize(models::GPT& model, const dist::ProcessGrid& grid,
                  const ParallelOptions& options) {
   const dist::ParallelDims& d = grid.dims();
   TD_CHECK(d.pp == 1, "parallelize: pipeline parallelism (pp=", d.pp,
-           ") is not available for the GPT yet");
+           ") is built by the Python runtime (td.distributed.pipeline_parallel): build the stage "
+           "models there and apply tensor parallelism with apply_tensor_parallel");
   TD_CHECK(d.cp == 1, "parallelize: context parallelism (cp=", d.cp,
            ") is not available for the GPT yet");
   apply_tensor_parallel(model, grid.tp(), options);

@@ -53,6 +53,24 @@ inline constexpr int64_t kIgnoreIndex = -100;
 // The hidden size of the MLP for a config (rule above).
 int64_t ffn_hidden_size(const GPTConfig& config);
 
+// Which part of the model one pipeline stage (or model chunk) holds: layers
+// [first_layer, first_layer + num_layers) under their global names h.{i}, the embeddings when
+// `pre`, and ln_f + the head when `post`. The default is the whole model.
+//
+// Note [Stage parameters]: every parameter is drawn from its own named stream (Note [Init
+// streams]), so a stage holds exactly the values the whole model would. A gpt2 stage with `post`
+// but not `pre` holds its own copy of wte.weight (the tied head, same name and values); the
+// pipeline keeps the copies equal by summing their gradients between the first and last stage.
+struct GPTStage {
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;  // -1: every layer from first_layer on
+  bool pre = true;
+  bool post = true;
+  bool whole(int64_t n_layer) const {
+    return first_layer == 0 && (num_layers < 0 || num_layers == n_layer) && pre && post;
+  }
+};
+
 struct ParamGroup {
   nn::NamedTensors params;
   double weight_decay = 0.0;
@@ -62,13 +80,23 @@ class GPT : public nn::Module {
  public:
   // Validates the config and initializes every parameter from config.seed. Use make_shared
   // (module traversal needs shared_from_this).
-  explicit GPT(GPTConfig config);
+  explicit GPT(GPTConfig config, GPTStage stage = {});
 
   const GPTConfig& config() const { return config_; }
+  const GPTStage& stage() const { return stage_; }
+
+  // One pipeline stage's part of a training forward: `input` is idx [B, T] token ids on a
+  // `pre` stage, else the previous stage's hidden states [B, T(/tp under sequence
+  // parallelism), d] in the compute dtype. On a `post` stage with targets: the mean loss; a
+  // `post` stage without targets: the logits; otherwise the hidden states to send on (targets
+  // unused). The
+  // whole model's forward(idx, targets) is forward_stage(idx, targets).
+  Tensor forward_stage(const Tensor& input, const Tensor& targets = Tensor());
 
   // idx: [B, T] int64/int32 token ids, T <= block_size. With targets ([B, T] ids, kIgnoreIndex
   // to skip a position): the mean cross-entropy, an fp32 scalar. Without: logits [B, T, V] in
-  // the compute dtype.
+  // the compute dtype. On a pipeline stage with the embeddings but not the head: the hidden
+  // states (targets unused). td::Error on a stage without the embeddings (forward_stage).
   Tensor forward(const Tensor& idx, const Tensor& targets = Tensor());
 
   // Autoregressive sampling with a KV cache: the prompt is run once (prefill), then one token per
@@ -116,7 +144,9 @@ class GPT : public nn::Module {
   // The hidden states after ln_f for tokens at positions [start, start + T); with a cache the
   // new keys/values are written into it at those positions and attention runs over its prefix.
   // sp: this forward runs sequence parallel (the result is then this rank's chunk of T).
-  Tensor hidden(const Tensor& idx, int64_t start, KVCache* cache, bool sp);
+  // `input`: idx on a pre stage, hidden states otherwise; ln_f is applied on a post stage.
+  Tensor hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp);
+  Tensor head(const Tensor& h, const Tensor& targets, bool sp);
   Tensor block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
                bool sp);
   Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
@@ -129,6 +159,7 @@ class GPT : public nn::Module {
   std::vector<std::pair<std::string, Tensor*>> slots();
 
   GPTConfig config_;
+  GPTStage stage_;
   int64_t ff_ = 0;
   Tensor wte_, wpe_, ln_f_w_, ln_f_b_, lm_head_;
   std::vector<Layer> layers_;

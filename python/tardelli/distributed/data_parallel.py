@@ -184,11 +184,15 @@ class DistributedOptimizer:
         return self._cpp.grad_norm()
 
     def set_model_parallel(self, model, group):
-        """Makes the norm that of the full tensor-parallel model (Note [Model-parallel grad
-        norm] in distributed_optimizer.h): parameters split over the tp `group` count on every
-        tp rank, replicated ones on tp rank 0 only, and the sums are added over `group`."""
-        first = group.rank == 0
-        counted = [model.shard_spec(n)["dim"] >= 0 or first for n in self.ddp.param_names]
+        """Makes the norm that of the full model-parallel model (Note [Model-parallel grad
+        norm] in distributed_optimizer.h): `model` is a GPT or this rank's pipeline chunks,
+        `group` the tp (or tp-pp) group; parameters split over tp count on every tp rank,
+        replicated ones on tp rank 0 only, and the sums are added over `group`."""
+        from .parallelize import _counts
+        models = model if isinstance(model, (list, tuple)) else [model]
+        owner = {n: m for m in models for n, _ in m.named_parameters()}
+        tp = models[0].tp_size > 1
+        counted = [_counts(owner[n], n, tp) for n in self.ddp.param_names]
         self._cpp.set_model_parallel(group, counted)
 
     def optimizer_state_bytes(self):

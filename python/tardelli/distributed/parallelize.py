@@ -20,17 +20,19 @@ from .. import _C
 
 def parallelize(model, grid=None, *, tp=None, sequence_parallel=False,
                 make_vocab_size_divisible_by=128):
-    """Lays `model` (a td.models.GPT fresh from its constructor) out over `grid` (a
-    ProcessGrid: its tp group; pp/cp > 1 are refused) or over the communicator `tp`. Returns the
-    model. A tp group of size 1 leaves the model as it is."""
+    """Lays `model` (a td.models.GPT, or one pipeline stage of it, fresh from its constructor)
+    out over `grid` (a ProcessGrid: its tp group; cp > 1 is refused) or over the communicator
+    `tp`. Returns the model. A tp group of size 1 leaves the model as it is."""
     if (grid is None) == (tp is None):
         raise TypeError("parallelize: pass exactly one of grid= (a ProcessGrid) or tp= (a "
                         "communicator)")
     if grid is not None:
         dims = grid.dims
-        if dims.pp != 1 or dims.cp != 1:
-            raise ValueError(f"parallelize: pipeline (pp={dims.pp}) and context (cp={dims.cp}) "
-                             "parallelism are not available for the GPT yet")
+        if dims.cp != 1:
+            raise ValueError(f"parallelize: context parallelism (cp={dims.cp}) is not "
+                             "available for the GPT yet")
+        # Pipeline stages are built by td.distributed.pipeline_parallel.build_stages; this step
+        # lays each stage out over the tp group.
         tp = grid.tp()
     if not hasattr(model, "_cpp"):
         raise TypeError(f"parallelize: expected a td.models.GPT, got {type(model).__name__}")
@@ -56,21 +58,34 @@ def _sum_over(value, group):
     return sum(struct.unpack("<d", struct.pack("<q", int(b)))[0] for b in out.tolist())
 
 
+def _counts(model, name, tp):
+    """Whether parameter `name` of `model` counts in the global norm on this rank: split over tp,
+    or replicated and this is tp rank 0; a pipeline stage's copy of the tied embedding counts on
+    the first stage only."""
+    if name == "wte.weight" and not model.stage[2]:
+        return False
+    return is_tensor_parallel(model, name) or not tp or model.tp_rank == 0
+
+
 def grad_norm_squared(model, group=None):
-    """The squared L2 norm of the full model's gradient under a tensor-parallel layout: split
-    parameters count on every rank of the tp `group`, replicated ones (identical on all tp
-    ranks) on tp rank 0 only, and the per-rank sums are added over the group. A float, the
-    same on every tp rank."""
-    tp = model.tp_size > 1
-    if tp and group is None:
-        raise ValueError("grad_norm_squared: a tensor-parallel model needs its tp group")
-    first = not tp or group.rank == 0
+    """The squared L2 norm of the full model's gradient under a model-parallel layout. `model`
+    is a td.models.GPT or a list of this rank's pipeline chunks; `group` the model-parallel
+    group (the tp group, or the tp-pp group with pipelining). Split parameters count on every
+    tp rank, replicated ones on tp rank 0 only, the tied embedding's pipeline copy not at all;
+    the per-rank sums are added over `group`. A float, the same on every rank of the group."""
+    models = model if isinstance(model, (list, tuple)) else [model]
+    tp = models[0].tp_size > 1
+    if group is None and (tp or len(models) > 1 or not models[0].stage[2] or
+                          not models[0].stage[3]):
+        raise ValueError("grad_norm_squared: a model-parallel model needs its model-parallel "
+                         "group")
     local = 0.0
-    for name, p in model.named_parameters():
-        if p.grad is None or not (is_tensor_parallel(model, name) or first):
-            continue
-        local += float((p.grad * p.grad).sum().item())
-    return _sum_over(local, group) if tp else local
+    for m in models:
+        for name, p in m.named_parameters():
+            if p.grad is None or not _counts(m, name, tp):
+                continue
+            local += float((p.grad * p.grad).sum().item())
+    return _sum_over(local, group) if group is not None and group.size > 1 else local
 
 
 def clip_grad_norm_(model, max_norm, group=None):
@@ -78,10 +93,12 @@ def clip_grad_norm_(model, max_norm, group=None):
     gradient (grad_norm_squared), and every local gradient scaled by max_norm / (norm + 1e-6)
     when that is below 1. Returns the norm before clipping (a float)."""
     norm = math.sqrt(grad_norm_squared(model, group))
+    models = model if isinstance(model, (list, tuple)) else [model]
     if math.isfinite(norm) and math.isfinite(max_norm):
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
+            for m in models:
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
     return norm
