@@ -60,6 +60,16 @@ class TrainConfig:
         help="with --tp > 1: also split the activations between layers along the sequence"))
     make_vocab_size_divisible_by: int = field(default=128, metadata=dict(
         help="under --tp, pad the vocabulary to a multiple of this x tp"))
+    pp: int = field(default=1, metadata=dict(
+        help="pipeline-parallel size: the layers split into this many stages"))
+    vpp: int = field(default=1, metadata=dict(
+        help="model chunks (virtual stages) per pipeline rank (--schedule interleaved)"))
+    schedule: str = field(default="1f1b", metadata=dict(
+        help="pipeline schedule: gpipe | 1f1b | interleaved | zb"))
+    pipeline_layout: str = field(default="", metadata=dict(
+        help="layers per virtual stage, e.g. 3,5 (empty: even split)"))
+    trace: str = field(default="", metadata=dict(
+        help="with --pp: write the last step's pipeline timeline (Chrome trace JSON) and a PNG"))
     zero: int = field(default=0, metadata=dict(
         help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks"))
     ddp_bucket_mb: float = field(default=40.0, metadata=dict(
@@ -88,6 +98,7 @@ class TrainConfig:
 
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
+            "schedule": ("gpipe", "1f1b", "interleaved", "zb"),
             "lr_decay_style": ("cosine", "linear", "constant")}
 
 
@@ -160,9 +171,11 @@ def parse_config(argv=None, world_size=1):
         if v is not None:
             values[name] = v
     cfg = TrainConfig(**values)
-    if cfg.tp >= 1 and world_size % cfg.tp != 0:
-        raise ConfigError(f"--tp {cfg.tp} does not divide the {world_size} ranks of this job")
-    validate(cfg, world_size // cfg.tp if cfg.tp >= 1 else 1)
+    mp = cfg.tp * cfg.pp
+    if mp >= 1 and world_size % mp != 0:
+        raise ConfigError(f"--tp {cfg.tp} x --pp {cfg.pp} does not divide the {world_size} "
+                          "ranks of this job")
+    validate(cfg, world_size // mp if mp >= 1 else 1)
     return cfg, args
 
 
@@ -189,6 +202,26 @@ def validate(cfg, dp_size=1):
          "--sequence-parallel needs tensor parallelism (--tp > 1)")
     need(cfg.make_vocab_size_divisible_by >= 1,
          f"--make-vocab-size-divisible-by must be >= 1, got {cfg.make_vocab_size_divisible_by}")
+    need(cfg.pp >= 1 and cfg.vpp >= 1, f"--pp and --vpp must be >= 1, got {cfg.pp}, {cfg.vpp}")
+    need(cfg.vpp == 1 or cfg.schedule == "interleaved",
+         f"--vpp {cfg.vpp} needs --schedule interleaved")
+    need(cfg.schedule != "interleaved" or cfg.vpp >= 2,
+         "--schedule interleaved needs --vpp >= 2 model chunks per rank")
+    if cfg.pipeline_layout:
+        try:
+            counts = [int(x) for x in cfg.pipeline_layout.split(",")]
+        except ValueError:
+            counts = []
+        need(len(counts) == cfg.pp * cfg.vpp and all(c >= 1 for c in counts) and
+             sum(counts) == cfg.layers,
+             f"--pipeline-layout {cfg.pipeline_layout!r} must list {cfg.pp * cfg.vpp} positive "
+             f"layer counts (--pp x --vpp) summing to --layers {cfg.layers}")
+    else:
+        need(cfg.layers % (cfg.pp * cfg.vpp) == 0,
+             f"--layers {cfg.layers} is not divisible by --pp {cfg.pp} x --vpp {cfg.vpp} "
+             "(or give --pipeline-layout)")
+    need(cfg.pp == 1 or not (cfg.save or cfg.resume),
+         "--save/--resume: checkpoints of pipeline-parallel runs are not supported yet")
     if cfg.tp > 1:
         kv_ = cfg.kv_heads or cfg.heads
         need(cfg.heads % cfg.tp == 0,
@@ -199,6 +232,7 @@ def validate(cfg, dp_size=1):
              f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
+    need(cfg.trace == "" or cfg.pp > 1, "--trace records the pipeline timeline: it needs --pp > 1")
     need(cfg.d_model % cfg.heads == 0,
          f"--heads {cfg.heads} does not divide --d-model {cfg.d_model}")
     kv = cfg.kv_heads or cfg.heads
@@ -218,6 +252,11 @@ def validate(cfg, dp_size=1):
     need(gbs % (cfg.micro_batch_size * dp_size) == 0,
          f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
          f"{cfg.micro_batch_size} x data-parallel size {dp_size}")
+    if cfg.pp > 1 and gbs % (cfg.micro_batch_size * dp_size) == 0:
+        m = gbs // (cfg.micro_batch_size * dp_size)
+        need(cfg.schedule != "interleaved" or (m >= cfg.pp and m % cfg.pp == 0),
+             f"--schedule interleaved: the {m} micro-batches per step (global batch / (micro "
+             f"batch x dp)) must be a multiple of --pp {cfg.pp} and at least {cfg.pp}")
     need(bool(cfg.data) != cfg.synthetic_data,
          "give exactly one data source: --data PREFIX or --synthetic-data"
          if not cfg.data else "--data and --synthetic-data exclude each other")

@@ -125,6 +125,22 @@ def gemm_peak_flops(dtype, n=1024, reps=5):
     return 2 * n ** 3 / best
 
 
+def _sum_over_group(value, group):
+    from ..distributed.parallelize import _sum_over
+    return _sum_over(value, group)
+
+
+def evaluate_pipeline(pipe, chunks, loader, steps):
+    if loader is None or steps == 0:
+        return None
+    for ch in chunks:
+        ch.eval()
+    loss = pipe.forward_only([loader.next() for _ in range(steps)])
+    for ch in chunks:
+        ch.train()
+    return loss
+
+
 def evaluate(model, loader, steps):
     if loader is None or steps == 0:
         return None
@@ -166,48 +182,69 @@ def train(cfg, world=None, out=print):
     from .. import distributed as dist
     from ..distributed.parallelize import clip_grad_norm_ as tp_clip_grad_norm_
     from ..distributed.parallelize import parallelize
-    if (cfg.zero or cfg.tp > 1) and world is None:
+    from ..distributed import pipeline_parallel as pipe_mod
+    if (cfg.zero or cfg.tp > 1 or cfg.pp > 1) and world is None:
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
     size = world.size if world is not None else 1
-    if size % cfg.tp != 0:
-        raise C.ConfigError(f"--tp {cfg.tp} does not divide the {size} ranks of this job "
-                            "(data-parallel size = ranks / tp; start the ranks with "
-                            "python -m tardelli.launch --nproc N)")
-    dp_size = size // cfg.tp
+    mp = cfg.tp * cfg.pp
+    if size % mp != 0:
+        raise C.ConfigError(f"--tp {cfg.tp} x --pp {cfg.pp} does not divide the {size} ranks "
+                            "of this job (data-parallel size = ranks / (tp x pp); start the "
+                            "ranks with python -m tardelli.launch --nproc N)")
+    dp_size = size // mp
     C.validate(cfg, dp_size)
     grid = None
     if world is not None:
-        # Megatron's rank order: tp fastest, so the ranks of a tp group are neighbours.
-        grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, dp=dp_size))
+        # Megatron's rank order: tp fastest, then dp, pp slowest.
+        grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, pp=cfg.pp, dp=dp_size))
     dp_rank = grid.coords.dp if grid is not None else 0
     is_main = world is None or world.rank == 0
-    data = Data(cfg, dp_rank, dp_size)  # every tp rank of a replica reads the same samples
+    data = Data(cfg, dp_rank, dp_size)  # every tp/pp rank of a replica reads the same samples
     mcfg = model_config(cfg, data.vocab_size)
-    model = td.models.GPT(mcfg)
+    # Note [Parallelize step]: the model (or this rank's pipeline chunks) is built from the
+    # seed with every parameter drawn from its own named stream, then each rank keeps its
+    # tensor-parallel shards: the same seed gives the same logical model for every layout.
+    if cfg.pp > 1:
+        layout = [int(x) for x in cfg.pipeline_layout.split(",")] if cfg.pipeline_layout \
+            else None
+        chunks = pipe_mod.build_stages(mcfg, grid.coords.pp, cfg.pp, cfg.vpp, layout)
+    else:
+        chunks = [td.models.GPT(mcfg)]
     if cfg.tp > 1:
-        # Note [Parallelize step]: the model is built whole from the seed on every rank, then
-        # each rank keeps its shards (layout-independent init: tp=N starts from tp=1's weights).
-        parallelize(model, grid, sequence_parallel=cfg.sequence_parallel,
-                    make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
-    model.train()
-    groups = model.param_groups(cfg.weight_decay)
+        for ch in chunks:
+            parallelize(ch, grid, sequence_parallel=cfg.sequence_parallel,
+                        make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
+    for ch in chunks:
+        ch.train()
+    model = chunks[0]
+    named = [(n, p) for ch in chunks for n, p in ch.named_parameters()]
+    groups = [{"params": [p for ch in chunks for p in ch.param_groups(cfg.weight_decay)[i]
+                          ["params"]], "weight_decay": cfg.weight_decay if i == 0 else 0.0}
+              for i in range(2)]
+    mp_group = None
+    if cfg.tp > 1 or cfg.pp > 1:
+        mp_group = grid.group("tp-pp") if cfg.pp > 1 else grid.tp()
     ddp = None
     if world is not None:
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
         # into them, never set to None); a bucket's reduction starts as soon as backward has
         # produced its last gradient, and only on the last micro-batch of a step.
-        ddp = dist.DistributedDataParallel(model, group=grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
+        ddp = dist.DistributedDataParallel(named, group=grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
                                            zero=bool(cfg.zero))
     if cfg.zero:
         opt = dist.DistributedOptimizer(ddp, groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                         eps=cfg.eps)
-        if cfg.tp > 1:
-            opt.set_model_parallel(model, grid.tp())
+        if mp_group is not None:
+            opt.set_model_parallel(chunks, mp_group)
     else:
         opt = td.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     lr_at = schedule(cfg)
     accum = C.accumulation_steps(cfg, dp_size)
     global_batch = cfg.micro_batch_size * dp_size * accum
+    pipe = None
+    if cfg.pp > 1:
+        pipe = pipe_mod.PipelineRuntime(chunks, grid, cfg.schedule, accum, cfg.micro_batch_size,
+                                        cfg.seq_len)
 
     start_step, consumed = 0, 0
     resumed_from = None
@@ -222,8 +259,14 @@ def train(cfg, world=None, out=print):
             resumed_from = latest
     loader = data.train_loader(consumed)
 
-    n_params = model.num_parameters()
-    flops_per_step = model.flops_per_step(global_batch, cfg.seq_len)
+    n_params = sum(ch.num_parameters() for ch in chunks)
+    flops_per_step = sum(ch.flops_per_step(global_batch, cfg.seq_len) for ch in chunks)
+    if cfg.pp > 1:
+        # Every stage counts its own part; the tied gpt2 table's pipeline copy once only.
+        n_params = int(_sum_over_group(n_params, grid.pp()))
+        flops_per_step = _sum_over_group(flops_per_step, grid.pp())
+        if cfg.arch == "gpt2":
+            n_params -= mcfg.vocab_size * mcfg.d_model
     peak = gemm_peak_flops({"fp32": td.float32, "bf16": td.bfloat16,
                             "fp16": td.float16}[cfg.dtype]) * size
     if is_main:
@@ -232,7 +275,8 @@ def train(cfg, world=None, out=print):
             f"global batch {global_batch} x {cfg.seq_len} tokens ({accum} micro-batches of "
             f"{cfg.micro_batch_size} x dp {dp_size}{', ZeRO-1' if cfg.zero else ''}"
             f"{f', tp {cfg.tp}' if cfg.tp > 1 else ''}"
-            f"{' + sequence parallel' if cfg.sequence_parallel else ''}); "
+            f"{' + sequence parallel' if cfg.sequence_parallel else ''}"
+            f"{f', pp {cfg.pp} ({cfg.schedule}, vpp {cfg.vpp})' if cfg.pp > 1 else ''}); "
             f"GEMM peak {peak / 1e9:.0f} GFLOP/s")
         if resumed_from:
             out(f"train: resumed from {resumed_from} at step {start_step} "
@@ -240,7 +284,7 @@ def train(cfg, world=None, out=print):
     metrics = report.MetricsFile(cfg.metrics_file if is_main else "",
                                  resume_step=start_step if cfg.resume else None)
     progress = report.Progress(cfg.steps, start_step, cfg.progress and is_main)
-    params = list(model.parameters())
+    params = [p for _, p in named]
     last, val_loss, t_train = None, None, 0.0
     step = start_step
     try:
@@ -253,24 +297,31 @@ def train(cfg, world=None, out=print):
             if ddp is not None:
                 ddp.zero_grad()
             loss_sum = 0.0
-            for m in range(accum):
-                x, y = loader.next()
-                loss = model(x, y)
-                scaled = loss if accum == 1 else loss * (1.0 / accum)
-                if ddp is not None:
-                    with ddp.no_sync(m < accum - 1):
+            if pipe is not None:
+                # The schedule interleaves the micro-batches' forwards and backwards; the DDP
+                # reduction runs once after it (finish_grad_sync).
+                batches = [loader.next() for _ in range(accum)]
+                with ddp.no_sync(True):
+                    loss_sum = pipe.step(batches) * accum
+            else:
+                for m in range(accum):
+                    x, y = loader.next()
+                    loss = model(x, y)
+                    scaled = loss if accum == 1 else loss * (1.0 / accum)
+                    if ddp is not None:
+                        with ddp.no_sync(m < accum - 1):
+                            scaled.backward()
+                    else:
                         scaled.backward()
-                else:
-                    scaled.backward()
-                loss_sum += loss.item()
+                    loss_sum += loss.item()
             if ddp is not None:
                 ddp.finish_grad_sync()
             max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
             if cfg.zero:
                 grad_norm = opt.clip_grad_norm(max_norm) if cfg.clip_grad > 0 else \
                     opt.grad_norm()
-            elif cfg.tp > 1:
-                grad_norm = tp_clip_grad_norm_(model, max_norm, grid.tp())
+            elif mp_group is not None:
+                grad_norm = tp_clip_grad_norm_(chunks, max_norm, mp_group)
             else:
                 grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
             opt.step()
@@ -287,7 +338,9 @@ def train(cfg, world=None, out=print):
                 raise RuntimeError(f"train: the loss is {rec['loss']} at step {step} "
                                    "(diverged; lower --lr or use --clip-grad)")
             if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
-                val_loss = evaluate(model, data.valid_loader(), cfg.eval_steps)
+                val_loss = evaluate(model, data.valid_loader(), cfg.eval_steps) \
+                    if pipe is None else evaluate_pipeline(pipe, chunks, data.valid_loader(),
+                                                           cfg.eval_steps)
                 if val_loss is not None:
                     val_loss = _mean_over_ranks(val_loss, world)
                     rec["val_loss"] = val_loss
@@ -311,7 +364,8 @@ def train(cfg, world=None, out=print):
         metrics.close()
 
     summary = {"event": "train_end", "step": step, "params": n_params, "dp": dp_size,
-               "tp": cfg.tp, "local_params": model.local_num_parameters(),
+               "tp": cfg.tp, "pp": cfg.pp,
+               "local_params": sum(ch.local_num_parameters() for ch in chunks),
                "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
                max(t_train, 1e-9)}
     if last is not None:
@@ -321,6 +375,22 @@ def train(cfg, world=None, out=print):
             summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
     if val_loss is not None:
         summary["val_loss"] = val_loss
+    if pipe is not None and last is not None:
+        # The last step's measured timeline on every pp rank (a collective over the pp group).
+        from ..distributed import pipeline as sched
+        timelines = pipe.gather_timelines()
+        summary["schedule"] = cfg.schedule
+        summary["microbatches"] = accum
+        summary["bubble_fraction"] = sched.bubble_fraction(timelines)
+        summary["bubble_formula"] = sched.bubble_formula(cfg.schedule, cfg.pp, accum, cfg.vpp)
+        if is_main and cfg.trace:
+            sched.write_chrome_trace(cfg.trace, timelines)
+            png = os.path.splitext(cfg.trace)[0] + ".png"
+            if sched.have_matplotlib():
+                sched.plot_timeline(png, timelines, f"{cfg.schedule}, pp {cfg.pp}, "
+                                    f"{accum} micro-batches")
+                summary["trace_png"] = png
+            summary["trace"] = cfg.trace
     if is_main and cfg.metrics_file:
         png = os.path.join(cfg.save, "loss.png") if cfg.save else \
             os.path.splitext(cfg.metrics_file)[0] + ".png"
