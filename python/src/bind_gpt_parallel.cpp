@@ -1,5 +1,5 @@
 // tardelli._C.parallel.apply_tensor_parallel: the parallelize step for the fused GPT
-// (parallel/parallelize.h). Type conversion only; td.distributed.parallelize wraps it.
+// (parallel/parallelize.h). Type conversion only; td.distributed.parallelize (model_parallel.py) wraps it.
 #include "bind.h"
 #include "tardelli/parallel/parallelize.h"
 

@@ -22,6 +22,8 @@ from . import tensor_parallel  # noqa: F401,E402
 from .tensor_parallel import (  # noqa: F401,E402
     ColumnParallelLinear, RngTracker, RowParallelLinear, VocabParallelEmbedding, padded_vocab_size,
     vocab_parallel_cross_entropy)
+from .model_parallel import clip_grad_norm_, grad_norm_squared, parallelize  # noqa: F401,E402
+from . import pipeline, pipeline_parallel  # noqa: F401,E402
 
 _D = _C.distributed
 Communicator = _D.Communicator
@@ -260,5 +262,8 @@ __all__ = [
     "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier", "broadcast",
     "destroy", "get_rank", "get_world_size", "init", "irecv", "is_initialized", "is_main_process",
     "isend", "mpi_available", "new_group", "nn", "rank", "recv", "reduce_scatter_tensor", "send",
-    "split", "world", "world_size",
+    "split", "world", "world_size", "parallelize", "clip_grad_norm_", "grad_norm_squared",
+    "pipeline", "pipeline_parallel", "tensor_parallel", "ColumnParallelLinear",
+    "RowParallelLinear", "VocabParallelEmbedding", "RngTracker", "padded_vocab_size",
+    "vocab_parallel_cross_entropy", "DistributedDataParallel", "DistributedOptimizer",
 ]

@@ -188,7 +188,7 @@ class DistributedOptimizer:
         norm] in distributed_optimizer.h): `model` is a GPT or this rank's pipeline chunks,
         `group` the tp (or tp-pp) group; parameters split over tp count on every tp rank,
         replicated ones on tp rank 0 only, and the sums are added over `group`."""
-        from .parallelize import _counts
+        from .model_parallel import _counts
         models = model if isinstance(model, (list, tuple)) else [model]
         owner = {n: m for m in models for n, _ in m.named_parameters()}
         tp = models[0].tp_size > 1

@@ -126,7 +126,7 @@ def gemm_peak_flops(dtype, n=1024, reps=5):
 
 
 def _sum_over_group(value, group):
-    from ..distributed.parallelize import _sum_over
+    from ..distributed.model_parallel import _sum_over
     return _sum_over(value, group)
 
 
@@ -180,8 +180,8 @@ def train(cfg, world=None, out=print):
     """Runs one training job; returns the summary dict (also printed as the last line on rank
     0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
     from .. import distributed as dist
-    from ..distributed.parallelize import clip_grad_norm_ as tp_clip_grad_norm_
-    from ..distributed.parallelize import parallelize
+    from ..distributed.model_parallel import clip_grad_norm_ as tp_clip_grad_norm_
+    from ..distributed.model_parallel import parallelize
     from ..distributed import pipeline_parallel as pipe_mod
     if (cfg.zero or cfg.tp > 1 or cfg.pp > 1) and world is None:
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
