@@ -105,6 +105,19 @@ void init_communicator(py::module_& d) {
           "out"_a, "input"_a, "out_splits"_a = std::vector<int64_t>{},
           "in_splits"_a = std::vector<int64_t>{}, "async_op"_a = false, nogil())
       .def("barrier", &Communicator::barrier, nogil())
+      .def(
+          "stats",
+          [](const Communicator& c) {
+            const distributed::CommStats s = c.stats();
+            py::dict out;
+            out["calls"] = s.calls;
+            out["bytes"] = s.bytes;
+            out["seconds"] = s.seconds;
+            return out;
+          },
+          "{'calls', 'bytes', 'seconds'}: operations issued on this communicator, their input "
+          "bytes and the seconds callers were blocked in them (since creation or reset_stats())")
+      .def("reset_stats", &Communicator::reset_stats)
       .def("split", &Communicator::split, "color"_a, "key"_a, "name"_a, nogil(),
            "MPI_Comm_split: a negative color returns None")
       .def("__repr__", [](const Communicator& c) {

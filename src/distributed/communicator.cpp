@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <utility>
 
 namespace td::distributed {
 
@@ -42,6 +43,80 @@ std::chrono::milliseconds default_comm_timeout() {
 
 std::string Communicator::where() const {
   return detail::str_cat("rank ", rank_, " of group '", name_, "' (size ", size_, ")");
+}
+
+// Note [Communication accounting]: every public operation of a communicator adds to its own
+// counters one call, its input bytes (a benchmark divides them by the step count; the bytes a
+// backend puts on the wire depend on its algorithm, so we count what the caller handed over),
+// and the seconds the CALLING thread was blocked: the whole blocking call (its consistency check
+// included), or for async_op the issue plus the time spent inside Work::wait(). That is the
+// exposed communication time; an async operation that completes while the caller computes
+// costs only its issue. The counters are atomics shared with the Works (the progress thread
+// never touches them: only callers of wait() do, from whatever thread), so stats() may be read
+// while operations are in flight. The check_consistency all-gathers are part of the operation
+// they guard, not counted as calls of their own; split() is not counted.
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void add_time(comm_detail::CommCounters& c, Clock::time_point since) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since);
+  c.nanoseconds.fetch_add(ns.count(), std::memory_order_relaxed);
+}
+
+// A Work whose wait() counts the caller's blocked time (failures and timeouts included).
+class CountedWork final : public Work {
+ public:
+  CountedWork(WorkPtr inner, std::shared_ptr<comm_detail::CommCounters> counters)
+      : inner_(std::move(inner)), counters_(std::move(counters)) {}
+  void wait() override {
+    const Clock::time_point t0 = Clock::now();
+    try {
+      inner_->wait();
+    } catch (...) {
+      add_time(*counters_, t0);
+      throw;
+    }
+    add_time(*counters_, t0);
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  WorkPtr inner_;
+  std::shared_ptr<comm_detail::CommCounters> counters_;
+};
+
+}  // namespace
+
+template <typename F>
+WorkPtr Communicator::counted(size_t bytes, F&& issue) {
+  const Clock::time_point t0 = Clock::now();
+  WorkPtr work;
+  try {
+    work = issue();
+  } catch (...) {
+    add_time(*counters_, t0);
+    throw;
+  }
+  add_time(*counters_, t0);
+  counters_->calls.fetch_add(1, std::memory_order_relaxed);
+  counters_->bytes.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  if (work == nullptr) return work;
+  return std::make_shared<CountedWork>(std::move(work), counters_);
+}
+
+CommStats Communicator::stats() const {
+  CommStats s;
+  s.calls = counters_->calls.load(std::memory_order_relaxed);
+  s.bytes = counters_->bytes.load(std::memory_order_relaxed);
+  s.seconds = static_cast<double>(counters_->nanoseconds.load(std::memory_order_relaxed)) * 1e-9;
+  return s;
+}
+
+void Communicator::reset_stats() {
+  counters_->calls.store(0, std::memory_order_relaxed);
+  counters_->bytes.store(0, std::memory_order_relaxed);
+  counters_->nanoseconds.store(0, std::memory_order_relaxed);
 }
 
 namespace {
@@ -105,7 +180,7 @@ std::vector<int64_t> resolve_splits(const Communicator& c, std::vector<int64_t> 
 WorkPtr Communicator::all_reduce(Tensor& t, ReduceOp op, bool async_op) {
   check_tensor(*this, t, "all_reduce", "t");
   check_reduce_op(*this, t, op, "all_reduce");
-  return do_all_reduce(t, op, async_op);
+  return counted(t.nbytes(), [&] { return do_all_reduce(t, op, async_op); });
 }
 
 WorkPtr Communicator::all_gather(Tensor& out, const Tensor& in, bool async_op) {
@@ -116,7 +191,7 @@ WorkPtr Communicator::all_gather(Tensor& out, const Tensor& in, bool async_op) {
   TD_CHECK(out.numel() == size() * in.numel(), "all_gather (", where(), "): out ", describe(out),
            " must have size() * in.numel() = ", size(), " * ", in.numel(), " = ",
            size() * in.numel(), " elements, got ", out.numel(), " (in ", describe(in), ")");
-  return do_all_gather(out, in, async_op);
+  return counted(in.nbytes(), [&] { return do_all_gather(out, in, async_op); });
 }
 
 WorkPtr Communicator::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op, bool async_op) {
@@ -128,13 +203,13 @@ WorkPtr Communicator::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op,
   TD_CHECK(in.numel() == size() * out.numel(), "reduce_scatter (", where(), "): in ", describe(in),
            " must have size() * out.numel() = ", size(), " * ", out.numel(), " = ",
            size() * out.numel(), " elements, got ", in.numel(), " (out ", describe(out), ")");
-  return do_reduce_scatter(out, in, op, async_op);
+  return counted(in.nbytes(), [&] { return do_reduce_scatter(out, in, op, async_op); });
 }
 
 WorkPtr Communicator::broadcast(Tensor& t, int root, bool async_op) {
   check_tensor(*this, t, "broadcast", "t");
   check_peer(*this, root, "broadcast", "root");
-  return do_broadcast(t, root, async_op);
+  return counted(t.nbytes(), [&] { return do_broadcast(t, root, async_op); });
 }
 
 WorkPtr Communicator::send(const Tensor& t, int dst, int tag, bool async_op) {
@@ -142,7 +217,7 @@ WorkPtr Communicator::send(const Tensor& t, int dst, int tag, bool async_op) {
   check_peer(*this, dst, "send", "destination rank");
   TD_CHECK(dst != rank(), "send (", where(), "): cannot send to itself (dst ", dst, ")");
   TD_CHECK(tag >= 0, "send (", where(), "): tag must be >= 0, got ", tag);
-  return do_send(t, dst, tag, async_op);
+  return counted(t.nbytes(), [&] { return do_send(t, dst, tag, async_op); });
 }
 
 WorkPtr Communicator::recv(Tensor& t, int src, int tag, bool async_op) {
@@ -150,7 +225,7 @@ WorkPtr Communicator::recv(Tensor& t, int src, int tag, bool async_op) {
   check_peer(*this, src, "recv", "source rank");
   TD_CHECK(src != rank(), "recv (", where(), "): cannot receive from itself (src ", src, ")");
   TD_CHECK(tag >= 0, "recv (", where(), "): tag must be >= 0, got ", tag);
-  return do_recv(t, src, tag, async_op);
+  return counted(t.nbytes(), [&] { return do_recv(t, src, tag, async_op); });
 }
 
 WorkPtr Communicator::all_to_all(Tensor& out, const Tensor& in, std::vector<int64_t> out_splits,
@@ -161,11 +236,14 @@ WorkPtr Communicator::all_to_all(Tensor& out, const Tensor& in, std::vector<int6
   check_disjoint(*this, out, in, "all_to_all");
   std::vector<int64_t> outs = resolve_splits(*this, std::move(out_splits), out, "out_splits");
   std::vector<int64_t> ins = resolve_splits(*this, std::move(in_splits), in, "in_splits");
-  return do_all_to_all(out, in, outs, ins, async_op);
+  return counted(in.nbytes(), [&] { return do_all_to_all(out, in, outs, ins, async_op); });
 }
 
 void Communicator::barrier() {
-  do_barrier();
+  counted(0, [&] {
+    do_barrier();
+    return WorkPtr();
+  });
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {

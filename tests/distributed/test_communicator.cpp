@@ -529,5 +529,93 @@ TEST(MpiComm, ReduceOpNamesAndTimeoutEnvironment) {
   if (old) setenv("TD_COMM_TIMEOUT_S", saved.c_str(), 1);
 }
 
+// Property (Note [Communication accounting]): stats() counts each operation once with its input
+// bytes, exactly, per communicator (a sub-group's traffic is not the world's); arguments rejected
+// before communicating are not counted; the blocked seconds are >= 0, grow with every counted
+// operation (waits on another thread included) and never exceed the wall time that passed,
+// since only this thread blocks; reset_stats() zeroes everything.
+TEST(MpiComm, StatsCountCallsBytesAndBlockedSeconds) {
+  CommPtr w = world();
+  const int n = w->size(), me = w->rank();
+  CommPtr g = w->split(0, me, "stats");
+  ASSERT_NE(g, nullptr);
+  const CommStats world_before = w->stats();
+  CommStats s = g->stats();
+  EXPECT_EQ(s.calls, 0);
+  EXPECT_EQ(s.bytes, 0);
+  EXPECT_EQ(s.seconds, 0.0);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t calls = 0, bytes = 0;
+  double seconds = 0.0;
+  // After each operation: the exact counts, and seconds that did not decrease.
+  auto expect_counts = [&](const char* what) {
+    const CommStats now = g->stats();
+    EXPECT_EQ(now.calls, calls) << what;
+    EXPECT_EQ(now.bytes, bytes) << what;
+    EXPECT_GE(now.seconds, seconds) << what;
+    seconds = now.seconds;
+  };
+  Tensor a = make_input(DType::Float32, 1000, me, 800);
+  g->all_reduce(a);
+  calls += 1, bytes += 4000;
+  expect_counts("all_reduce");
+  Tensor gin = make_input(DType::Int64, 10, me, 801), gout = empty({10 * n}, {DType::Int64});
+  g->all_gather(gout, gin);
+  calls += 1, bytes += 80;  // this rank's part only
+  expect_counts("all_gather");
+  Tensor rin = make_input(DType::BFloat16, 6 * n, me, 802), rout = empty({6}, {DType::BFloat16});
+  g->reduce_scatter(rout, rin);
+  calls += 1, bytes += 12 * n;
+  expect_counts("reduce_scatter");
+  Tensor b = make_input(DType::Int32, 7, me, 803);
+  g->broadcast(b, 0);
+  calls += 1, bytes += 28;
+  expect_counts("broadcast");
+  Tensor ain = make_input(DType::Float32, 4 * n, me, 804), aout = empty({4 * n});
+  g->all_to_all(aout, ain);
+  calls += 1, bytes += 16 * n;
+  expect_counts("all_to_all");
+  // A ring: receive from the left (async), send to the right, wait.
+  Tensor sendbuf = make_input(DType::Float32, 5, me, 805), recvbuf = empty({5});
+  WorkPtr rw = g->recv(recvbuf, (me + n - 1) % n, 3, true);
+  g->send(sendbuf, (me + 1) % n, 3);
+  rw->wait();
+  calls += 2, bytes += 40;
+  expect_counts("send/recv");
+  g->barrier();
+  calls += 1;
+  expect_counts("barrier");
+  // Rejected before communicating: not counted.
+  Tensor strided = zeros({4, 4}).t();
+  EXPECT_THROW(g->all_reduce(strided), Error);
+  expect_counts("rejected all_reduce");
+  // Async, waited on another thread: counted once, its wait adds to the seconds.
+  Tensor big = make_input(DType::Float32, int64_t{1} << 18, me, 806);
+  WorkPtr work = g->all_reduce(big, ReduceOp::Sum, true);
+  ASSERT_NE(work, nullptr);
+  std::thread waiter([&] { work->wait(); });
+  waiter.join();
+  EXPECT_TRUE(work->is_completed());
+  calls += 1, bytes += 4 << 18;
+  expect_counts("async all_reduce");
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(seconds, 0.0);
+  EXPECT_LE(seconds, wall);
+  // The world communicator saw none of it.
+  const CommStats world_after = w->stats();
+  EXPECT_EQ(world_after.calls, world_before.calls);
+  EXPECT_EQ(world_after.bytes, world_before.bytes);
+
+  g->reset_stats();
+  s = g->stats();
+  EXPECT_EQ(s.calls, 0);
+  EXPECT_EQ(s.bytes, 0);
+  EXPECT_EQ(s.seconds, 0.0);
+  g->all_reduce(a, ReduceOp::Max);
+  EXPECT_EQ(g->stats().calls, 1);
+  EXPECT_EQ(g->stats().bytes, 4000);
+}
+
 }  // namespace
 }  // namespace td::distributed

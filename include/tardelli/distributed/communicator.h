@@ -20,9 +20,12 @@
 //   throws a td::Error naming the rank, the group, the operation and the element count
 //   ("rank 1 of group 'dp' (size 2): all_reduce of 4096 float32 timed out after 300 s").
 // - kAvg divides by size() after summation (integer dtypes: truncating division).
+// - Every communicator counts its own traffic (stats()): Note [Communication accounting] in
+//   src/distributed/communicator.cpp.
 // - bool tensors reduce logically (like PyTorch's NCCL group): Sum and Max are OR, Min is AND;
 //   Avg is an error. bf16/f16 reduce in fp32 with one rounding per pairwise combine (Note
 //   [Reduced-precision reductions] in src/distributed/mpi_communicator.cpp).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -56,6 +59,21 @@ struct CommOptions {
   bool check_consistency = true;  // cross-rank dtype/count check before each collective
 };
 
+// What one communicator has done since it was created or since reset_stats() (Note
+// [Communication accounting] in src/distributed/communicator.cpp).
+struct CommStats {
+  int64_t calls = 0;     // operations issued: collectives, barriers, sends and receives
+  int64_t bytes = 0;     // their input bytes (all_gather: this rank's part; recv: its buffer)
+  double seconds = 0.0;  // time the caller was blocked in them or in their Work::wait()
+};
+
+namespace comm_detail {
+// Shared by a communicator and the Works it returned (a Work may outlive its communicator).
+struct CommCounters {
+  std::atomic<int64_t> calls{0}, bytes{0}, nanoseconds{0};
+};
+}  // namespace comm_detail
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -72,6 +90,11 @@ class Communicator {
   virtual const char* backend() const = 0;
   // "rank 1 of group 'dp' (size 2)": how every message of this communicator names it.
   std::string where() const;
+
+  // Counts of this communicator's operations since creation or the last reset_stats(). Safe to
+  // call from any thread; each field is read atomically (not the three together).
+  CommStats stats() const;
+  void reset_stats();
 
   // In place: every rank ends with the reduction of all ranks' `t`.
   WorkPtr all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum, bool async_op = false);
@@ -98,7 +121,11 @@ class Communicator {
 
  protected:
   Communicator(int rank, int size, std::string name, CommOptions options)
-      : rank_(rank), size_(size), name_(std::move(name)), options_(options) {}
+      : rank_(rank),
+        size_(size),
+        name_(std::move(name)),
+        options_(options),
+        counters_(std::make_shared<comm_detail::CommCounters>()) {}
 
   // Backends implement these; arguments are already checked (contiguous, counts, dtypes,
   // peers in range, splits valid) and, where asked, cross-checked between ranks.
@@ -120,10 +147,16 @@ class Communicator {
   virtual void check_consistency(const char* op, DType dtype, int64_t count, int64_t aux = 0) = 0;
 
  private:
+  // Runs `issue` (a do_* call), adding its time, one call and `bytes` to the counters, and
+  // wraps an asynchronous Work so that its wait() time is counted too.
+  template <typename F>
+  WorkPtr counted(size_t bytes, F&& issue);
+
   int rank_;
   int size_;
   std::string name_;
   CommOptions options_;
+  std::shared_ptr<comm_detail::CommCounters> counters_;
 };
 
 using CommPtr = std::shared_ptr<Communicator>;
