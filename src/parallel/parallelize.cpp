@@ -47,16 +47,18 @@ Tensor GPTTensorParallel::replicated(const Tensor& p) {
 }
 
 // The head is a column-parallel layer over the vocabulary (under sp it gathers the sequence
-// first), and the loss reduces over tp without gathering: each rank materializes only its
-// [tokens, V_pad/tp] slice of the logits (fp32 for the softmax, as the one-device head).
+// first), and the loss reduces over tp without gathering the logits; like the one-device head
+// it is chunked over tokens (fp32 softmax), so no [tokens, V_pad/tp] tensor is kept.
 Tensor GPTTensorParallel::loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                int64_t vocab_size, int64_t ignore_index, bool sp) {
-  Tensor logits = column_parallel_linear(h, w, Tensor(), tp_, false, sp, kSeqDim);
-  if (logits.dtype() != DType::Float32) logits = to_dtype(logits, DType::Float32);
-  const int64_t n = logits.size(0) * logits.size(1), vs = logits.size(2);
+  // The column-parallel input step (all-gather under sp, else copy_to_region), then the head
+  // and loss fused and chunked over tokens: no [tokens, V_pad/tp] logits are kept for backward.
+  Tensor x = sp ? dist::gather_from_sequence(h, tp_, kSeqDim, /*tp_output_grad=*/true)
+                : dist::copy_to_region(h, tp_);
+  const int64_t n = x.size(0) * x.size(1), vs = w.size(0);
   const int64_t start = vocab_range(vs * tp_->size(), tp_->rank(), tp_->size()).start;
-  return vocab_parallel_cross_entropy(logits.reshape({n, vs}), targets.reshape({n}), tp_, start,
-                                      vocab_size, ignore_index, Reduction::Mean);
+  return vocab_parallel_linear_cross_entropy(x.reshape({n, x.size(2)}), w, targets.reshape({n}),
+                                             tp_, start, vocab_size, ignore_index);
 }
 
 // Under sp the gathered hidden states feed a column layer, whose copy_to_region already

@@ -8,11 +8,17 @@
 
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
+#include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/function.h"
+#include "tardelli/autograd/grad_mode.h"
 #include "tardelli/distributed/collectives.h"
+#include "tardelli/ops/copy.h"
+#include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/embedding.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/indexing.h"
+#include "tardelli/ops/matmul.h"
+#include "tardelli/ops/view.h"
 
 namespace td::parallel {
 
@@ -227,6 +233,96 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
                        if (!g[0].defined()) return {Tensor()};
                        return {vp_ce_backward(g[0], *saved, reduction, dt, shape)};
                      });
+  }
+  return out;
+}
+
+namespace {
+
+Tensor logits_fp32(const Tensor& h, const Tensor& w) {
+  Tensor l = linear(h, w);
+  return l.dtype() == DType::Float32 ? l : to_dtype(l, DType::Float32);
+}
+
+}  // namespace
+
+Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shard,
+                                           const Tensor& targets, const CommPtr& tp,
+                                           int64_t vocab_start, int64_t true_vocab_size,
+                                           int64_t ignore_index, int64_t chunk_elems) {
+  const char* op = "vocab_parallel_linear_cross_entropy";
+  ops::check_defined(h, op, "h");
+  ops::check_defined(w_shard, op, "w_shard");
+  ops::check_defined(targets, op, "targets");
+  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
+  TD_CHECK(h.dim() == 2 && w_shard.dim() == 2 && h.size(1) == w_shard.size(1), op,
+           ": expected h [N, d] and w_shard [V_pad/tp, d], got ", describe(h), " and ",
+           describe(w_shard));
+  TD_CHECK(is_integral(targets.dtype()) && targets.dim() == 1 && targets.size(0) == h.size(0), op,
+           ": targets must be [", h.size(0), "] int32/int64 ids, got ", describe(targets));
+  TD_CHECK(chunk_elems > 0, op, ": chunk_elems must be > 0, got ", chunk_elems);
+  const int64_t n = h.size(0), vs = w_shard.size(0);
+  const int64_t rows =
+      std::max<int64_t>(1, std::min<int64_t>(n, chunk_elems / std::max<int64_t>(vs, 1)));
+  int64_t valid = 0;
+  for (int64_t t : to_vector<int64_t>(targets)) valid += t != ignore_index ? 1 : 0;
+  Tensor hd = h.detach(), wd = w_shard.detach(), tg = targets.detach();
+
+  double total = 0.0;
+  {
+    autograd::NoGradGuard ng;
+    for (int64_t r0 = 0; r0 < n; r0 += rows) {
+      const int64_t k = std::min(rows, n - r0);
+      Tensor l = logits_fp32(hd.narrow(0, r0, k), wd);
+      total += vocab_parallel_cross_entropy(l, tg.narrow(0, r0, k), tp, vocab_start,
+                                            true_vocab_size, ignore_index, Reduction::Sum)
+                   .item<float>();
+    }
+  }
+  Tensor out = Tensor::empty({}, DType::Float32);
+  *out.data_ptr<float>() = valid > 0 ? static_cast<float>(total / static_cast<double>(valid))
+                                     : std::numeric_limits<float>::quiet_NaN();
+  if (autograd::needs_grad({h, w_shard})) {
+    autograd::record(
+        "VocabParallelLinearCrossEntropyBackward", {h, w_shard}, {&out},
+        [hd, wd, tg, tp, vocab_start, true_vocab_size, ignore_index, rows, valid](
+            const TensorList& g, const std::vector<bool>& need) {
+          const int64_t n = hd.size(0);
+          const float scale = valid > 0 ? g[0].item<float>() / static_cast<float>(valid) : 0.0f;
+          Tensor gh = need[0] ? zeros(hd.sizes(), {hd.dtype()}) : Tensor();
+          Tensor gw = need[1] ? zeros(wd.sizes(), {DType::Float32}) : Tensor();
+          for (int64_t r0 = 0; r0 < n; r0 += rows) {
+            const int64_t k = std::min(rows, n - r0);
+            Tensor hc = hd.narrow(0, r0, k);
+            // Recompute the chunk's logits and loss (the same reductions over tp as forward, on
+            // every rank in the same order) and differentiate the loss w.r.t. the logits.
+            Tensor dl;
+            {
+              autograd::GradModeGuard on(true);
+              Tensor leaf;
+              {
+                autograd::NoGradGuard ng;
+                leaf = logits_fp32(hc, wd);
+              }
+              leaf.set_requires_grad(true);
+              Tensor loss =
+                  vocab_parallel_cross_entropy(leaf, tg.narrow(0, r0, k), tp, vocab_start,
+                                               true_vocab_size, ignore_index, Reduction::Sum);
+              dl = autograd::grad({loss}, {leaf}, {full_like(loss, scale)})[0];
+            }
+            autograd::NoGradGuard ng;
+            if (need[0]) {
+              Tensor d = dl.dtype() == hd.dtype() ? dl : to_dtype(dl, hd.dtype());
+              gh.narrow(0, r0, k).copy_(mm(d, wd));
+            }
+            if (need[1]) {
+              Tensor hf = hc.dtype() == DType::Float32 ? hc : to_dtype(hc, DType::Float32);
+              add_(gw, mm(transpose(dl, 0, 1), hf));
+            }
+          }
+          if (need[1] && wd.dtype() != DType::Float32) gw = to_dtype(gw, wd.dtype());
+          return TensorList{gh, gw};
+        });
   }
   return out;
 }

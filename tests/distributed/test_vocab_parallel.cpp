@@ -25,6 +25,7 @@
 #include "tardelli/ops/embedding.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/loss.h"
+#include "tardelli/ops/matmul.h"
 #include "tardelli/ops/reduction.h"
 #include "tardelli/parallel/tensor_parallel.h"
 #include "tardelli/parallel/vocab_parallel.h"
@@ -231,6 +232,42 @@ TEST(VocabParallel, EmbeddingShardAndBadIds) {
                Error);
   EXPECT_THROW(vocab_parallel_embedding(from_vector<int64_t>({-1}, {1}), Ws, tp, start), Error);
   EXPECT_THROW(vocab_parallel_embedding(full({2}, 1.0), Ws, tp, start), Error);
+}
+
+}  // namespace
+}  // namespace td::parallel
+
+namespace td::parallel {
+namespace {
+
+// The fused, token-chunked head + loss equals the unfused column-parallel logits followed by
+// vocab_parallel_cross_entropy (Mean), in the loss and in the gradients of h and of the weight
+// shard, whatever the chunking: chunk_elems is set so that 37 rows go in chunks of 5 rows (and
+// a last chunk of 2), with ignored tokens and a padded vocabulary. The chunked path sums the same
+// fp32 per-token losses in another grouping, so the tolerance is the re-association bound of
+// the file header (1e-5 relative on the loss, 1e-6 absolute on gradients of magnitude <= 1).
+TEST(VocabParallel, LinearCrossEntropyChunkedMatchesUnfused) {
+  const CommPtr tp = tp_group();
+  const int64_t V = 1000, d = 16, n = 37;
+  const int64_t vpad = padded_vocab_size(V, tp->size());
+  const VocabRange r = vocab_range(vpad, tp->rank(), tp->size());
+  Tensor w_full = full_randn({V, d}, 11, 0.2);
+  Tensor h_full = full_randn({n, d}, 12);
+  Tensor targets = make_targets(n, V, 13, 4);
+  Tensor w1 = leaf(shard_vocab_rows(w_full, vpad, tp->rank(), tp->size()));
+  Tensor h1 = leaf(h_full);
+  Tensor want = vocab_parallel_cross_entropy(linear(h1, w1), targets, tp, r.start, V);
+  want.backward();
+  Tensor w2 = leaf(w1), h2 = leaf(h_full);
+  Tensor got = vocab_parallel_linear_cross_entropy(h2, w2, targets, tp, r.start, V, -100,
+                                                   /*chunk_elems=*/5 * r.size());
+  got.backward();
+  EXPECT_NEAR(got.item<float>(), want.item<float>(), 1e-5 * std::abs(want.item<float>()));
+  expect_near_all(h2.grad(), h1.grad(), 1e-6, "d h (this rank's partial sum)");
+  expect_near_all(w2.grad(), w1.grad(), 1e-6, "d w_shard");
+  EXPECT_THROW(vocab_parallel_linear_cross_entropy(h2, w2, targets.narrow(0, 0, 5), tp, r.start,
+                                                   V),
+               Error);
 }
 
 }  // namespace
