@@ -1,0 +1,59 @@
+// The public CUDA runtime entry points (include/tardelli/core/cuda_runtime.h) of the CUDA build.
+#include <cstring>
+
+#include "device/device_query.cuh"
+#include "runtime/cuda_allocator.cuh"
+#include "runtime/cuda_check.cuh"
+#include "runtime/device_guard.cuh"
+#include "tardelli/core/cuda_runtime.h"
+#include "tardelli/core/error.h"
+
+namespace td {
+namespace {
+
+void check_device(const char* what, int device) {
+  const int n = cuda::device_count();
+  TD_CHECK(n > 0, what,
+           ": no CUDA device is available (the CUDA runtime found no usable GPU or "
+           "driver)");
+  TD_CHECK(device < n, what, ": CUDA device ", device, " does not exist (", n, " visible)");
+}
+
+}  // namespace
+
+bool cuda_is_built() {
+  return true;
+}
+int cuda_device_count() {
+  return cuda::device_count();
+}
+bool cuda_available() {
+  return cuda::device_count() > 0;
+}
+
+void cuda_synchronize(int device) {
+  check_device("cuda_synchronize", device);
+  cuda::DeviceGuard guard(device);
+  TD_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+    return;
+  }
+  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
+  check_device("copy_bytes", gpu.index);
+  if (nbytes == 0) return;
+  cuda::Stream stream = cuda::current_stream(gpu.index);
+  if (dst_device.is_cpu()) {
+    cuda::copy_d2h(dst, src, nbytes, stream);
+  } else if (src_device.is_cpu()) {
+    cuda::copy_h2d(dst, src, nbytes, stream);
+  } else {
+    cuda::copy_d2d(dst, src, nbytes, stream);
+  }
+  stream.synchronize();
+}
+
+}  // namespace td

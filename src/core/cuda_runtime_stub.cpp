@@ -1,0 +1,35 @@
+// The CUDA runtime entry points of a build without the CUDA backend (the CUDA build defines them
+// in kernels/runtime/cuda_runtime.cu).
+#include "tardelli/core/cuda_runtime.h"
+
+#if !TD_WITH_CUDA
+#include <cstring>
+
+#include "tardelli/core/error.h"
+
+namespace td {
+
+bool cuda_is_built() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
+bool cuda_available() {
+  return false;
+}
+
+void cuda_synchronize(int device) {
+  TD_ERROR("cuda_synchronize(", device,
+           "): this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  TD_CHECK(dst_device.is_cpu() && src_device.is_cpu(), "copy_bytes: copy from ", src_device.str(),
+           " to ", dst_device.str(),
+           ": this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+  if (nbytes > 0) std::memcpy(dst, src, nbytes);
+}
+
+}  // namespace td
+#endif  // !TD_WITH_CUDA
