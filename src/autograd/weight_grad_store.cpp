@@ -21,7 +21,10 @@ DeferredWeightGrads backward_input(const TensorList& roots, const TensorList& gr
   DeferredWeightGrads batch;
   t_batch = &batch;
   try {
-    backward(roots, grad_roots, /*retain_graph=*/false);
+    // retain_graph: a deferred closure may later backpropagate through a node this pass also
+    // ran (a cast weight feeding a deferred GEMM and another op). The graph is still freed when
+    // the caller drops the roots; the closures keep only the nodes on their own paths.
+    backward(roots, grad_roots, /*retain_graph=*/true);
   } catch (...) {
     t_batch = nullptr;
     throw;
@@ -38,7 +41,8 @@ void defer_weight_grad(const Tensor& weight, std::function<Tensor()> compute) {
   TD_CHECK(t_batch != nullptr, "defer_weight_grad: called outside backward_input");
   t_batch->push([weight, compute = std::move(compute)]() {
     Tensor gw = compute();
-    backward({weight}, {gw}, /*retain_graph=*/false);
+    // retain_graph: another deferred GEMM may share this weight's cast node.
+    backward({weight}, {gw}, /*retain_graph=*/true);
   });
 }
 

@@ -32,8 +32,10 @@ class DeferredWeightGrads {
   std::vector<std::function<void()>> fns_;
 };
 
-// backward(roots, grad_roots) with the GEMM weight gradients deferred into the result. The graph
-// is freed as in backward(retain_graph=false), except what the deferred closures hold.
+// backward(roots, grad_roots) with the GEMM weight gradients deferred into the result. The pass
+// retains the graph's saved tensors (a deferred closure may need a node the pass also ran, e.g.
+// a cast weight shared with another op): they are freed when the caller drops the roots, except
+// what the deferred closures hold (their GEMM operands and the paths to their weights).
 DeferredWeightGrads backward_input(const TensorList& roots, const TensorList& grad_roots);
 
 // For ops: whether weight gradients are being deferred on this thread, and how to defer one.
