@@ -383,6 +383,10 @@ def train(cfg, world=None, out=print):
         summary["microbatches"] = accum
         summary["bubble_fraction"] = sched.bubble_fraction(timelines)
         summary["bubble_formula"] = sched.bubble_formula(cfg.schedule, cfg.pp, accum, cfg.vpp)
+        # Each stage's peak memory in the last step (stage = pp rank; on tp/dp rank 0 of it).
+        peaks = td.zeros(cfg.pp, dtype=td.int64)
+        grid.pp().all_gather(peaks, td.tensor([int(last["mem_bytes"])], dtype=td.int64))
+        summary["stage_peak_mem_bytes"] = [int(x) for x in peaks.tolist()]
         if is_main and cfg.trace:
             sched.write_chrome_trace(cfg.trace, timelines)
             png = os.path.splitext(cfg.trace)[0] + ".png"
