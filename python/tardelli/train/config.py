@@ -220,8 +220,6 @@ def validate(cfg, dp_size=1):
         need(cfg.layers % (cfg.pp * cfg.vpp) == 0,
              f"--layers {cfg.layers} is not divisible by --pp {cfg.pp} x --vpp {cfg.vpp} "
              "(or give --pipeline-layout)")
-    need(cfg.pp == 1 or not (cfg.save or cfg.resume),
-         "--save/--resume: checkpoints of pipeline-parallel runs are not supported yet")
     if cfg.tp > 1:
         kv_ = cfg.kv_heads or cfg.heads
         need(cfg.heads % cfg.tp == 0,

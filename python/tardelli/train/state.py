@@ -14,6 +14,11 @@
                                 each one's place in the full tensor (ShardSpec) and that
                                 rank's sequence-parallel dropout stream
         optimizer.tpNN.safetensors  likewise for the optimizer (without --zero)
+        model.ppPP.tpNN.safetensors, optimizer.ppPP.tpNN.safetensors   with --pp > 1: one
+                                file per (pipeline stage, tp rank) holding that rank's chunks,
+                                with each chunk's dropout streams in the "tp" metadata
+
+`model` below is a td.models.GPT, or the list of this rank's pipeline chunks.
         vocab.json, merges.txt  the tokenizer, when the data came with one
 """
 import json
@@ -25,9 +30,14 @@ from ..optim.optimizer import _step_tensor
 from . import config as C
 
 
+def _chunks(model):
+    return list(model) if isinstance(model, (list, tuple)) else [model]
+
+
 def _named_params(model):
-    # The C++ model's list: every parameter once (the tied head is wte.weight).
-    return list(model._cpp.named_parameters())
+    # The C++ models' lists: every parameter once (the tied head is wte.weight); a pipeline
+    # rank's chunks hold distinct names.
+    return [nt for ch in _chunks(model) for nt in ch._cpp.named_parameters()]
 
 
 def _schedule_meta(cfg, step):
@@ -58,19 +68,36 @@ def _shard_file(rank):
     return f"optimizer.rank{rank:05d}.safetensors"
 
 
-def _tp_file(kind, tp_rank):
-    return f"{kind}.tp{tp_rank:02d}.safetensors"
+def _tp_file(kind, tp_rank, pp_rank=None):
+    if pp_rank is None:
+        return f"{kind}.tp{tp_rank:02d}.safetensors"
+    return f"{kind}.pp{pp_rank:02d}.tp{tp_rank:02d}.safetensors"
+
+
+def _gen_state(g):
+    if g is None:
+        return None
+    seed, offset, sub = g.get_state()
+    return {"seed": seed, "offset": offset, "subsequence": sub}
+
+
+def _set_gen(g, st):
+    if g is not None and st is not None:
+        g.set_state((st["seed"], st["offset"], st["subsequence"]))
 
 
 def _tp_metadata(model):
-    """The "tp" metadata of a model shard file: every tensor's ShardSpec and full shape."""
-    meta = {"size": model.tp_size, "rank": model.tp_rank,
-            "sequence_parallel": model.sequence_parallel,
-            "shards": {n: model.shard_spec(n) for n, _ in _named_params(model)}}
-    g = model.split_generator
-    if g is not None:
-        seed, offset, sub = g.get_state()
-        meta["split_rng"] = {"seed": seed, "offset": offset, "subsequence": sub}
+    """The "tp" metadata of a shard file: every tensor's ShardSpec and full shape, and each
+    chunk's stage and dropout streams."""
+    chunks = _chunks(model)
+    first = chunks[0]
+    meta = {"size": first.tp_size, "rank": first.tp_rank,
+            "sequence_parallel": first.sequence_parallel,
+            "shards": {n: ch.shard_spec(n) for ch in chunks for n, _ in ch._cpp.named_parameters()},
+            "chunks": [{"stage": list(ch.stage), "dropout": _gen_state(ch.dropout_generator),
+                        "split_rng": _gen_state(ch.split_generator)} for ch in chunks]}
+    if first.split_generator is not None:
+        meta["split_rng"] = _gen_state(first.split_generator)
     return {"tp": json.dumps(meta)}
 
 
@@ -92,20 +119,23 @@ def _place(shard, spec, full):
 
 
 def assemble_full_state(reader):
-    """The full (tp=1) model state of a checkpoint, assembled from its tensor-parallel shards
-    when it has them: name -> tensor. Used to generate from or export a tp>1 checkpoint."""
-    tp = reader.meta().get("parallel", {}).get("tp", 1)
-    if tp == 1:
+    """The full (one-device) model state of a checkpoint, assembled from its tensor- and
+    pipeline-parallel shards when it has them: name -> tensor. Used to generate from or export
+    such a checkpoint (the tied embedding's pipeline copy holds the same values)."""
+    par = reader.meta().get("parallel", {})
+    tp, pp = par.get("tp", 1), par.get("pp", 1)
+    if tp == 1 and pp == 1:
         return dict(reader.read_tensors("model.safetensors"))
     full = {}
-    for r in range(tp):
-        f = _tp_file("model", r)
-        info = json.loads(reader.read_metadata(f)["tp"])
-        for name, t in reader.read_tensors(f).items():
-            spec = info["shards"][name]
-            if name not in full:
-                full[name] = td.zeros(*spec["full_shape"], dtype=t.dtype)
-            _place(t, spec, full[name])
+    for p in range(pp):
+        for r in range(tp):
+            f = _tp_file("model", r, p if pp > 1 else None)
+            info = json.loads(reader.read_metadata(f)["tp"])
+            for name, t in reader.read_tensors(f).items():
+                spec = info["shards"][name]
+                if name not in full:
+                    full[name] = td.zeros(*spec["full_shape"], dtype=t.dtype)
+                _place(t, spec, full[name])
     return full
 
 
@@ -129,16 +159,22 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     prepares the directory, then the others join, then rank 0 commits)."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     sharded = bool(cfg.zero)
-    tp, tp_rank = model.tp_size, model.tp_rank
-    dp = size // tp
-    dp_first = rank // tp == 0  # ranks are tp-fastest: world ranks 0..tp-1 are dp rank 0
+    first = _chunks(model)[0]
+    tp, tp_rank, pp = first.tp_size, first.tp_rank, cfg.pp
+    dp = size // (tp * pp)
+    # Megatron's order (tp fastest, then dp, pp slowest): world rank = (pp*dp + dp_rank)*tp + tp.
+    dp_rank, pp_rank = (rank // tp) % dp, rank // (tp * dp)
+    dp_first = dp_rank == 0
+    split = tp > 1 or pp > 1  # one model file per (stage, tp rank)
+    shard_pp = pp_rank if pp > 1 else None
     name = td.checkpoint.step_dir_name(step)
     path = os.path.join(root, name)
     writer = None
     # Writers: rank 0 always; with ZeRO-1 every rank (its optimizer shard; id = world rank);
-    # with tp > 1 the tp ranks of data-parallel rank 0 (their model shards; id = tp rank).
-    writer_id = rank if sharded else (tp_rank if dp_first else None)
-    num_writers = size if sharded else tp
+    # with tp or pp > 1 the ranks of data-parallel rank 0 (their model shards; id = their index
+    # pp_rank * tp + tp_rank, which is their world rank).
+    writer_id = rank if sharded else (pp_rank * tp + tp_rank if dp_first else None)
+    num_writers = size if sharded else tp * pp
     if rank == 0:
         os.makedirs(root, exist_ok=True)
         writer = td.checkpoint.CheckpointWriter(path, 0)
@@ -149,14 +185,14 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     if sharded:
         tensors, metadata = _zero_tensors(opt, rank, size)
         writer.write_tensors(_shard_file(rank), tensors, metadata)
-    if tp > 1 and dp_first:
-        writer.write_tensors(_tp_file("model", tp_rank), dict(_named_params(model)),
+    if split and dp_first:
+        writer.write_tensors(_tp_file("model", tp_rank, shard_pp), dict(_named_params(model)),
                              _tp_metadata(model))
         if not sharded:
             tensors, metadata = _optimizer_tensors(model, opt)
-            writer.write_tensors(_tp_file("optimizer", tp_rank), tensors, metadata)
+            writer.write_tensors(_tp_file("optimizer", tp_rank, shard_pp), tensors, metadata)
     if rank == 0:
-        if tp == 1:
+        if not split:
             writer.write_tensors("model.safetensors", dict(_named_params(model)))
             if not sharded:
                 writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
@@ -168,7 +204,7 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     if world is not None:
         world.barrier()
     if rank == 0:
-        seed, offset, sub = model.dropout_generator.get_state()
+        seed, offset, sub = first.dropout_generator.get_state()
         meta = {
             "step": step,
             "config": td.checkpoint.config_to_dict(model_cfg),
@@ -176,8 +212,9 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
             "data": {"consumed_samples": consumed_samples, "seed": cfg.seed,
                      "prefix": cfg.data, "synthetic": cfg.synthetic_data},
             "rng": {"dropout": {"seed": seed, "offset": offset, "subsequence": sub}},
-            "parallel": {"dp": dp, "tp": tp, "world": size, "zero": int(cfg.zero),
-                         "sequence_parallel": model.sequence_parallel},
+            "parallel": {"dp": dp, "tp": tp, "pp": pp, "vpp": cfg.vpp,
+                         "pipeline_layout": cfg.pipeline_layout, "world": size,
+                         "zero": int(cfg.zero), "sequence_parallel": first.sequence_parallel},
             "train": cfg.to_dict(),
         }
         writer.commit(meta, num_writers)
@@ -207,7 +244,8 @@ def load(path, model, opt, cfg, world=None):
     reader.verify()
     meta = reader.meta()
     saved_cfg = td.checkpoint.config_from_dict(meta["config"])
-    diff = model.config.diff(saved_cfg)
+    first = _chunks(model)[0]
+    diff = first.config.diff(saved_cfg)
     if diff:
         raise C.ConfigError(f"--resume: checkpoint {path} was saved from a different model "
                             f"(this run vs the checkpoint):\n{diff}")
@@ -219,15 +257,26 @@ def load(path, model, opt, cfg, world=None):
             ", ".join(f"{k}: {getattr(cfg, k)!r} vs {saved[k]!r}" for k in changed))
     par = meta.get("parallel", {})
     saved_tp = par.get("tp", 1)
-    if saved_tp != model.tp_size:
+    if saved_tp != first.tp_size:
         raise C.ConfigError(
             f"--resume: {path} holds tensor-parallel shards for tp={saved_tp} but this run has "
-            f"tp={model.tp_size}; loading at another tensor-parallel size (resharding) is not "
+            f"tp={first.tp_size}; loading at another tensor-parallel size (resharding) is not "
             "supported yet: resume with --tp " + str(saved_tp))
-    if model.tp_size == 1:
+    saved_pp = (par.get("pp", 1), par.get("vpp", 1), par.get("pipeline_layout", ""))
+    if saved_pp != (cfg.pp, cfg.vpp, cfg.pipeline_layout):
+        raise C.ConfigError(
+            f"--resume: {path} holds pipeline stages for pp={saved_pp[0]}, vpp={saved_pp[1]}, "
+            f"layout {saved_pp[2]!r} but this run has pp={cfg.pp}, vpp={cfg.vpp}, layout "
+            f"{cfg.pipeline_layout!r}; re-partitioning a checkpoint is not supported yet")
+    split = first.tp_size > 1 or cfg.pp > 1
+    rank = world.rank if world is not None else 0
+    pp_rank = rank // (first.tp_size * (world.size // (first.tp_size * cfg.pp))) \
+        if world is not None else 0
+    shard_pp = pp_rank if cfg.pp > 1 else None
+    if not split:
         td.checkpoint.load_model_state(reader, model)
     else:
-        _load_tp_model(reader, path, model)
+        _load_tp_model(reader, path, model, _tp_file("model", first.tp_rank, shard_pp))
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     if cfg.zero:
         saved_world = par.get("world", par.get("dp", 1))
@@ -240,34 +289,42 @@ def load(path, model, opt, cfg, world=None):
         opt.load_state_dict(shard)
     else:
         _load_optimizer(reader, path, model, opt,
-                        "optimizer.safetensors" if model.tp_size == 1 else
-                        _tp_file("optimizer", model.tp_rank))
-    r = meta["rng"]["dropout"]
-    model.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
+                        _tp_file("optimizer", first.tp_rank, shard_pp) if split else
+                        "optimizer.safetensors")
+    if cfg.pp == 1:
+        r = meta["rng"]["dropout"]
+        first.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
     return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"]}
 
 
-def _load_tp_model(reader, path, model):
-    """This tp rank's model shards (and split dropout stream), after checking each tensor's
-    recorded place in the full tensor against this run's layout."""
-    f = _tp_file("model", model.tp_rank)
+def _load_tp_model(reader, path, model, f):
+    """This rank's shard file `f` (its tp shards of its pipeline chunks) and the chunks' dropout
+    streams, after checking each tensor's recorded place in the full tensor against this run's
+    layout."""
+    chunks = _chunks(model)
     info = json.loads(reader.read_metadata(f)["tp"])
     tensors = reader.read_tensors(f)
     params = dict(_named_params(model))
+    owner = {n: ch for ch in chunks for n, _ in ch._cpp.named_parameters()}
     if set(tensors) != set(params):
         raise C.ConfigError(f"--resume: {path}/{f}: parameter names differ (missing "
                             f"{sorted(set(params) - set(tensors))}, unexpected "
                             f"{sorted(set(tensors) - set(params))})")
     with td.no_grad():
         for n, p in params.items():
-            want = model.shard_spec(n)
+            want = owner[n].shard_spec(n)
             if info["shards"][n] != want or list(tensors[n].shape) != list(p.shape):
                 raise C.ConfigError(f"--resume: {path}/{f}: '{n}' is the shard "
                                     f"{info['shards'][n]} but this run's layout needs {want}")
             p.copy_(tensors[n])
-    if "split_rng" in info and model.split_generator is not None:
-        r = info["split_rng"]
-        model.split_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
+    saved = {tuple(c["stage"]): c for c in info.get("chunks", [])}
+    for ch in chunks:
+        c = saved.get(tuple(ch.stage))
+        if c is not None:
+            _set_gen(ch.dropout_generator, c.get("dropout"))
+            _set_gen(ch.split_generator, c.get("split_rng"))
+        elif "split_rng" in info:
+            _set_gen(ch.split_generator, info["split_rng"])
 
 
 def _load_optimizer(reader, path, model, opt, fname="optimizer.safetensors"):

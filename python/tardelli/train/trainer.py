@@ -254,7 +254,7 @@ def train(cfg, world=None, out=print):
             if is_main:
                 out(f"train: --resume: no checkpoint under {cfg.save}; starting from scratch")
         else:
-            info = ckpt.load(latest, model, opt, cfg, world)
+            info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world)
             start_step, consumed = info["step"], info["consumed_samples"]
             resumed_from = latest
     loader = data.train_loader(consumed)
@@ -353,7 +353,8 @@ def train(cfg, world=None, out=print):
             exiting = cfg.exit_interval and step % cfg.exit_interval == 0
             if cfg.save and (step == cfg.steps or exiting or
                              (cfg.save_interval and step % cfg.save_interval == 0)):
-                path = ckpt.save(cfg.save, step, model, opt, cfg, mcfg,
+                parts = chunks if cfg.pp > 1 else model
+                path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
                                  loader.consumed_samples, data.tokenizer_dir, world)
                 if is_main:
                     progress.write(f"train: saved {path}")
