@@ -133,8 +133,13 @@ Allocator& get_allocator(Device d) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   Allocator* a = r.allocators[static_cast<int>(d.type)];
+#if TD_WITH_CUDA
+  TD_CHECK(a != nullptr, "no allocator for device ", d.str(),
+           ": the CUDA runtime found no usable GPU on this machine");
+#else
   TD_CHECK(a != nullptr, "no allocator for device ", d.str(),
            ": this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+#endif
   return *a;
 }
 
