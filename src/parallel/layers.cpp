@@ -94,12 +94,12 @@ void check_sequence(const Tensor& t, int64_t seq_dim, int64_t feature_dims, bool
            " is split over ", group_str(tp), " and must be divisible by it");
 }
 
-// Note [Own storage]: a parameter must own its storage, or rank 0's shard (a narrow at offset 0
-// of a contiguous tensor, which shard_rows returns without copying) would alias the full
-// tensor: from_full's shard would write into the unsplit layer, and a drawn layer would keep
-// the whole full weight alive. The copy happens once, at construction.
-Tensor owned(const Tensor& shard) {
-  return shard.detach().clone();
+// Note [Own storage]: a parameter must own its storage, or it would alias the full tensor
+// (from_full's shard writing into the unsplit layer, a drawn layer keeping the whole full weight
+// alive). shard_rows / shard_cols always return copies; the replicated row-parallel bias is
+// copied here.
+Tensor owned(const Tensor& t) {
+  return t.detach().clone();
 }
 
 }  // namespace
@@ -126,9 +126,9 @@ void ColumnParallelLinear::init_from_full(const Tensor& full_weight, const Tenso
   check_column_layout(full_weight.size(1), full_weight.size(0), tp_, options_);
   out_features_ = full_weight.size(0);
   in_features_ = full_weight.size(1);
-  weight = register_parameter("weight", owned(shard_rows(full_weight, tp_->rank(), tp_->size())));
+  weight = register_parameter("weight", shard_rows(full_weight, tp_->rank(), tp_->size()));
   if (full_bias.defined())
-    bias = register_parameter("bias", owned(shard_rows(full_bias, tp_->rank(), tp_->size())));
+    bias = register_parameter("bias", shard_rows(full_bias, tp_->rank(), tp_->size()));
 }
 
 std::shared_ptr<ColumnParallelLinear> ColumnParallelLinear::from_full(
@@ -166,7 +166,7 @@ void RowParallelLinear::init_from_full(const Tensor& full_weight, const Tensor& 
   check_row_layout(full_weight.size(1), full_weight.size(0), tp_, options_);
   out_features_ = full_weight.size(0);
   in_features_ = full_weight.size(1);
-  weight = register_parameter("weight", owned(shard_cols(full_weight, tp_->rank(), tp_->size())));
+  weight = register_parameter("weight", shard_cols(full_weight, tp_->rank(), tp_->size()));
   if (full_bias.defined()) bias = register_parameter("bias", owned(full_bias));
 }
 

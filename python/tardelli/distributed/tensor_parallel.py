@@ -69,12 +69,6 @@ def _draw_linear(in_features, out_features, bias, generator, device, dtype):
     return w, b
 
 
-def _owned(shard):
-    """A copy with its own storage: rank 0's shard_rows (a narrow at offset 0) may alias the full
-    tensor (Note [Own storage] in src/parallel/layers.cpp)."""
-    return shard.detach().clone()
-
-
 def _detached(t):
     return None if t is None else t.detach()
 
@@ -105,9 +99,9 @@ class ColumnParallelLinear(Module):
         if _full is None:
             _full = _draw_linear(in_features, out_features, bias, generator, device, dtype)
         w, b = _full
-        self.weight = Parameter(_owned(_P.shard_rows(w, group.rank, group.size)))
+        self.weight = Parameter(_P.shard_rows(w, group.rank, group.size))
         if b is not None:
-            self.bias = Parameter(_owned(_P.shard_rows(b, group.rank, group.size)))
+            self.bias = Parameter(_P.shard_rows(b, group.rank, group.size))
         else:
             self.register_parameter("bias", None)
 
@@ -165,7 +159,7 @@ class RowParallelLinear(Module):
         if _full is None:
             _full = _draw_linear(in_features, out_features, bias, generator, device, dtype)
         w, b = _full
-        self.weight = Parameter(_owned(_P.shard_cols(w, group.rank, group.size)))
+        self.weight = Parameter(_P.shard_cols(w, group.rank, group.size))
         if b is not None:
             self.bias = Parameter(b.detach().clone())
         else:
