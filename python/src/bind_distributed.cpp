@@ -238,6 +238,7 @@ void init_collectives(py::module_& d) {
       },
       "input"_a, "group"_a, "dim"_a, "op"_a = "sum");
   d.def("chunk_along", &distributed::chunk_along, "input"_a, "group"_a, "dim"_a, nogil());
+  d.def("sum_over_ranks", &distributed::sum_over_ranks, "value"_a, "group"_a, nogil());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // tardelli._C.parallel.apply_tensor_parallel: the parallelize step for the fused GPT
-// (parallel/parallelize.h). Type conversion only; td.distributed.parallelize (model_parallel.py) wraps it.
+// (parallel/parallelize.h), and put_shard (nn::ShardSpec::put: a shard into its place in the
+// full tensor). Type conversion only; td.distributed.parallelize (model_parallel.py) wraps it.
 #include "bind.h"
+#include "tardelli/nn/shard_spec.h"
 #include "tardelli/parallel/parallelize.h"
 
 namespace td::python {
@@ -20,6 +22,13 @@ void init_gpt_parallel(py::module_& m, TensorClass& /*cls*/) {
       },
       "model"_a, "tp"_a, "sequence_parallel"_a = false, "make_vocab_size_divisible_by"_a = 128,
       nogil());
+  pm.def(
+      "put_shard",
+      [](const Tensor& shard, Tensor& full, int64_t dim, const std::vector<int64_t>& segments,
+         int parts, int index) {
+        nn::ShardSpec{dim, segments, parts, index}.put(shard, full);
+      },
+      "shard"_a, "full"_a, "dim"_a, "segments"_a, "parts"_a, "index"_a, nogil());
 }
 
 }  // namespace td::python

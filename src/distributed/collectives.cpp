@@ -1,5 +1,7 @@
 #include "tardelli/distributed/collectives.h"
 
+#include <cstring>
+
 #include "ops/common.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/autograd/grad_mode.h"
@@ -197,6 +199,21 @@ Tensor gather_from_sequence(const Tensor& x, const CommPtr& comm, int64_t dim,
            });
   }
   return out;
+}
+
+double sum_over_ranks(double local, const CommPtr& comm) {
+  TD_CHECK(comm != nullptr, "sum_over_ranks: the communicator is null");
+  Tensor in = empty({1}, {DType::Int64});
+  std::memcpy(in.data_ptr<int64_t>(), &local, sizeof(double));
+  Tensor all = empty({comm->size()}, {DType::Int64});
+  comm->all_gather(all, in);
+  double total = 0;
+  for (int64_t r = 0; r < comm->size(); ++r) {
+    double x;
+    std::memcpy(&x, all.data_ptr<int64_t>() + r, sizeof(double));
+    total += x;
+  }
+  return total;
 }
 
 }  // namespace td::distributed

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/grad_mode.h"
+#include "tardelli/distributed/collectives.h"
 #include "tardelli/ops/adamw.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
@@ -156,27 +156,6 @@ void DistributedOptimizer::step() {
 void DistributedOptimizer::zero_grad() {
   ddp_.zero_grad();
 }
-
-namespace {
-
-// Note [Norm exchange]: there is no float64 dtype to all_reduce, and an fp32 sum would lose
-// digits; each rank's double is all-gathered bit for bit (as int64) and summed in rank order,
-// so every rank computes the same total from the same numbers.
-double sum_over_ranks(double local, const CommPtr& comm) {
-  Tensor in = empty({1}, {DType::Int64});
-  std::memcpy(in.data_ptr<int64_t>(), &local, sizeof(double));
-  Tensor all = empty({comm->size()}, {DType::Int64});
-  comm->all_gather(all, in);
-  double total = 0;
-  for (int64_t r = 0; r < comm->size(); ++r) {
-    double x;
-    std::memcpy(&x, all.data_ptr<int64_t>() + r, sizeof(double));
-    total += x;
-  }
-  return total;
-}
-
-}  // namespace
 
 double DistributedOptimizer::local_sum_of_squares() const {
   // Note [Deterministic grad norm] (src/optim/clip_grad.cpp): fixed chunks, combined in order.

@@ -51,4 +51,10 @@ Tensor reduce_scatter_along(const Tensor& x, const CommPtr& comm, int64_t dim,
 // This rank's chunk along dim (a contiguous copy).
 Tensor chunk_along(const Tensor& x, const CommPtr& comm, int64_t dim);
 
+// Note [Norm exchange]: the sum of one double over the ranks of `comm`, the same bits on every
+// rank. There is no float64 dtype to all_reduce and an fp32 sum would lose digits, so each
+// rank's double is all-gathered bit for bit (as int64) and the values are added in rank order.
+// (Gradient norms of model- and data-parallel optimizers.)
+double sum_over_ranks(double local, const CommPtr& comm);
+
 }  // namespace td::distributed

@@ -13,7 +13,6 @@ on every tp rank and replicated ones once: use td.distributed.clip_grad_norm_ (o
 DistributedOptimizer built with the model).
 """
 import math
-import struct
 
 from .. import _C
 
@@ -48,14 +47,9 @@ def is_tensor_parallel(model, name):
 
 
 def _sum_over(value, group):
-    """Sums a Python float over `group` exactly as the C++ optimizer does (Note [Norm exchange]
-    in src/distributed/distributed_optimizer.cpp): the doubles are all-gathered bit for bit and
-    added in rank order, so every rank gets the same total."""
-    import tardelli as td
-    bits = struct.unpack("<q", struct.pack("<d", float(value)))[0]
-    out = td.zeros(group.size, dtype=td.int64)
-    group.all_gather(out, td.tensor([bits], dtype=td.int64))
-    return sum(struct.unpack("<d", struct.pack("<q", int(b)))[0] for b in out.tolist())
+    """Sums a Python float over `group`, the same bits on every rank (Note [Norm exchange] in
+    include/tardelli/distributed/collectives.h)."""
+    return _C.distributed.sum_over_ranks(float(value), group)
 
 
 def _counts(model, name, tp):

@@ -26,6 +26,8 @@ import os
 
 import tardelli as td
 
+from .. import _C
+
 from ..optim.optimizer import _step_tensor
 from . import config as C
 
@@ -102,20 +104,9 @@ def _tp_metadata(model):
 
 
 def _place(shard, spec, full):
-    """Writes `shard` into `full` at its place (Note [Shard specs]; padding dropped)."""
-    if spec["dim"] < 0 or spec["parts"] == 1:
-        full.copy_(shard)
-        return
-    dim, parts, index = spec["dim"], spec["parts"], spec["index"]
-    seg_start = src = 0
-    for seg in spec["segments"]:
-        k = seg // parts
-        lo = seg_start + index * k
-        hi = min(lo + k, full.shape[dim])
-        if hi > lo:
-            full.narrow(dim, lo, hi - lo).copy_(shard.narrow(dim, src, hi - lo))
-        seg_start += seg
-        src += k
+    """Writes `shard` into `full` at its place (nn::ShardSpec::put; padding dropped)."""
+    _C.parallel.put_shard(shard, full, spec["dim"], spec["segments"], spec["parts"],
+                             spec["index"])
 
 
 def assemble_full_state(reader):
