@@ -8,7 +8,6 @@ sequence parallelism saves. Its docstring justifies the tolerances. The rest run
 `python -m tardelli.train` under `python -m tardelli.launch` end to end.
 """
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,10 +20,9 @@ import tardelli as td
 import tardelli.distributed as dist
 from tardelli.distributed import launch
 
+from cli_runner import ENV, ROOT, metrics, run
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TD_COMM_TIMEOUT_S="60",
-           OMP_NUM_THREADS="1")
 # A tiny gpt2 with a vocabulary that is padded under tp (301 -> 512); 4 samples per step:
 # 1 process x 4, or dp 2 x 2 with tp 2 on 4 ranks. AdamW's eps = 1e-3 makes the update
 # Lipschitz in the gradient, so final parameters can be compared tightly (tp_gpt_worker.py).
@@ -37,20 +35,6 @@ TP = ["--tp", "2", "--sequence-parallel", "--micro-batch-size", "2"]
 pytestmark = pytest.mark.skipif(
     not dist.mpi_available() or launch.shutil.which("mpirun") is None,
     reason="this build has no MPI backend or mpirun is missing")
-
-
-def run(nproc, module, *args, check=True, timeout=120):
-    prefix = [sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc), "--timeout", "60",
-              "--max-time", str(timeout - 20)] if nproc > 1 else [sys.executable]
-    p = subprocess.run(prefix + ["-m", module, *map(str, args)], env=ENV, cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
-
-
-def metrics(path):
-    return [json.loads(line) for line in open(path)]
 
 
 @pytest.mark.parametrize("nproc", [2, 4, 8])

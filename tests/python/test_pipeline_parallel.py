@@ -10,7 +10,6 @@ end to end: the schedules' losses against one process, the Chrome trace, the bub
 the summary, the first stage's peak memory under gpipe and 1f1b, and configuration errors.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +18,12 @@ import pytest
 
 import tardelli.distributed as dist
 from tardelli.distributed import launch
+
+from cli_runner import ENV, ROOT, metrics, run
 from tardelli.distributed import pipeline as sched
 from tardelli.train.config import ConfigError, parse_config
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TD_COMM_TIMEOUT_S="60",
-           OMP_NUM_THREADS="1")
 
 # The CLI runs: a 2-layer gpt2 with activations large next to its parameters (seq 64, d 64), and
 # m = 32 / 2 = 16 micro-batches per step at pp 2, so that gpipe's first stage holds 16
@@ -44,22 +42,8 @@ pytestmark = pytest.mark.skipif(
     reason="this build has no MPI backend or mpirun is missing")
 
 
-def run(nproc, module, *args, check=True, timeout=120):
-    prefix = [sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc), "--timeout", "60",
-              "--max-time", str(timeout - 20)] if nproc > 1 else [sys.executable]
-    p = subprocess.run(prefix + ["-m", module, *map(str, args)], env=ENV, cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
-
-
 def summary(stdout):
     return json.loads(stdout.strip().splitlines()[-1])
-
-
-def metrics(path):
-    return [json.loads(line) for line in open(path)]
 
 
 @pytest.mark.parametrize("nproc", [2, 4, 8])
@@ -190,10 +174,6 @@ def test_cli_pipeline_configuration_errors(tmp_path, capsys):
     assert "argument --schedule: invalid choice: 'pipedream'" in capsys.readouterr().err
     cfg, _ = parse_config(BASE + ["--pp", "2", "--pipeline-layout", "1,1"], world_size=2)
     assert cfg.pp == 2 and cfg.pipeline_layout == "1,1"
-
-
-def metrics(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def test_cli_pipeline_checkpoint_resume(tmp_path):
