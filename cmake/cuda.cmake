@@ -29,6 +29,9 @@ set(CMAKE_CUDA_EXTENSIONS OFF)
 
 file(GLOB_RECURSE TD_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
 target_sources(tardelli PRIVATE ${TD_CUDA_SOURCES})
+# The target was created before CUDA was enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES
+# (on a first configure it would be empty: "CUDA_ARCHITECTURES is empty for target tardelli").
+set_target_properties(tardelli PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
 target_include_directories(tardelli PRIVATE ${PROJECT_SOURCE_DIR}/kernels)
 target_compile_definitions(tardelli PRIVATE TD_WITH_CUDA=1)
 target_compile_options(tardelli PRIVATE

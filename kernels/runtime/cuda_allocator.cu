@@ -38,18 +38,21 @@ class CudaMallocBackend final : public DeviceMemoryBackend {
   int device_;
 };
 
-// Note [One allocator for all CUDA devices]: the registry holds one Allocator per device type and
-// Allocator::allocate takes no device, so the registered allocator serves the calling thread's
-// current device, on that device's current stream, from that device's CachingAllocator.
+// Note [One allocator for all CUDA devices]: the registry holds one Allocator per device type; it
+// serves device `index` (Storage::allocate passes the tensor's device) on that device's current
+// stream from that device's CachingAllocator. The index-free calls mean the current device.
 class CudaAllocator final : public Allocator {
  public:
-  DataPtr allocate(size_t nbytes) override {
-    const int d = current_device();
-    return caching_allocator(d).allocate(nbytes, current_stream(d).id());
+  DataPtr allocate(size_t nbytes) override { return allocate_on(current_device(), nbytes); }
+  DataPtr allocate_on(int index, size_t nbytes) override {
+    return caching_allocator(index).allocate(nbytes, current_stream(index).id());
   }
   MemoryStats stats() const override { return caching_allocator(-1).stats(); }
   void reset_peak() override { caching_allocator(-1).reset_peak(); }
   void empty_cache() override { caching_allocator(-1).empty_cache(); }
+  MemoryStats stats_of(int index) const override { return caching_allocator(index).stats(); }
+  void reset_peak_of(int index) override { caching_allocator(index).reset_peak(); }
+  void empty_cache_of(int index) override { caching_allocator(index).empty_cache(); }
   Device device() const override { return Device(DeviceType::CUDA, current_device()); }
 };
 

@@ -149,8 +149,25 @@ void register_allocator(DeviceType t, Allocator* a) {
   r.allocators[static_cast<int>(t)] = a;
 }
 
-MemoryStats memory_stats(Device d) { return get_allocator(d).stats(); }
-void reset_peak_memory_stats(Device d) { get_allocator(d).reset_peak(); }
-void empty_cache(Device d) { get_allocator(d).empty_cache(); }
+DataPtr Allocator::allocate_on(int index, size_t nbytes) {
+  TD_CHECK(index == 0, "allocator of ", device().str(), ": no device with index ", index);
+  return allocate(nbytes);
+}
+MemoryStats Allocator::stats_of(int index) const {
+  TD_CHECK(index == 0, "allocator of ", device().str(), ": no device with index ", index);
+  return stats();
+}
+void Allocator::reset_peak_of(int index) {
+  TD_CHECK(index == 0, "allocator of ", device().str(), ": no device with index ", index);
+  reset_peak();
+}
+void Allocator::empty_cache_of(int index) {
+  TD_CHECK(index == 0, "allocator of ", device().str(), ": no device with index ", index);
+  empty_cache();
+}
+
+MemoryStats memory_stats(Device d) { return get_allocator(d).stats_of(d.index); }
+void reset_peak_memory_stats(Device d) { get_allocator(d).reset_peak_of(d.index); }
+void empty_cache(Device d) { get_allocator(d).empty_cache_of(d.index); }
 
 }  // namespace td

@@ -4,7 +4,7 @@ namespace td {
 
 Storage Storage::allocate(size_t nbytes, Device device) {
   Storage s;
-  s.impl_ = std::make_shared<StorageImpl>(get_allocator(device).allocate(nbytes), nbytes, device);
+  s.impl_ = std::make_shared<StorageImpl>(get_allocator(device).allocate_on(device.index, nbytes), nbytes, device);
   return s;
 }
 

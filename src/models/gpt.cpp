@@ -365,6 +365,12 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
 
 Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) {
   Tensor x = input;
+  // The rotary tables are no parameters or buffers (Module::to does not move them): they
+  // follow the activations' device on first use there.
+  if (rope_cos_.defined() && rope_cos_.device() != x.device()) {
+    rope_cos_ = rope_cos_.to(x.device());
+    rope_sin_ = rope_sin_.to(x.device());
+  }
   if (stage_.pre) {
     const Tensor& idx = input;
     const int64_t T = idx.size(1);
@@ -474,9 +480,10 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   KVCache cache;
   const int64_t Hkv = config_.kv_heads() / (parallel_ ? parallel_->tp_size() : 1);
   const int64_t hd = config_.head_dim();
+  const Device dev = lm_head_.device();  // the model's device; sampling runs on the host
   for (size_t i = 0; i < layers_.size(); ++i) {
-    cache.k.push_back(Tensor::empty({B, Hkv, block, hd}, config_.dtype));
-    cache.v.push_back(Tensor::empty({B, Hkv, block, hd}, config_.dtype));
+    cache.k.push_back(Tensor::empty({B, Hkv, block, hd}, config_.dtype, dev));
+    cache.v.push_back(Tensor::empty({B, Hkv, block, hd}, config_.dtype, dev));
   }
   Tensor head = cast(lm_head_);
   int64_t len = 0;  // positions held by the cache
@@ -486,7 +493,7 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
     std::vector<int64_t> ids;
     ids.reserve(static_cast<size_t>(B * n));
     for (const auto& s : seq) ids.insert(ids.end(), s.end() - n, s.end());
-    Tensor h = hidden(from_vector<int64_t>(ids, {B, n}), start, &cache, /*sp=*/false);
+    Tensor h = hidden(from_vector<int64_t>(ids, {B, n}).to(dev), start, &cache, /*sp=*/false);
     Tensor last = h.narrow(1, n - 1, 1);
     Tensor logits = parallel_ ? parallel_->logits(last, head, V, false) : linear(last, head);
     len = start + n;
@@ -506,7 +513,7 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(B) * seq[0].size());
   for (const auto& s : seq) out.insert(out.end(), s.begin(), s.end());
-  return from_vector<int64_t>(out, {B, static_cast<int64_t>(seq[0].size())});
+  return from_vector<int64_t>(out, {B, static_cast<int64_t>(seq[0].size())}).to(idx.device());
 }
 
 std::vector<ParamGroup> GPT::param_groups(double weight_decay) const {

@@ -196,23 +196,35 @@ void Module::zero_grad(bool set_to_none) {
 void Module::to(DType dtype) {
   TD_CHECK(is_floating(dtype), type_name_, ".to: target dtype must be floating, got ",
            dtype_name(dtype));
+  convert_in_place([dtype](const Tensor& t) {
+    return t.is_floating_point() && t.dtype() != dtype ? to_dtype(t, dtype) : Tensor();
+  });
+}
+
+void Module::to(Device device) {
+  convert_in_place([device](const Tensor& t) {
+    return t.device() != device ? to_device(t, device) : Tensor();
+  });
+}
+
+void Module::convert_in_place(const std::function<Tensor(const Tensor&)>& convert) {
   autograd::NoGradGuard ng;
   NamedTensors all;
   collect("", true, true, all, nullptr);
   collect("", false, true, all, nullptr);
   std::vector<TensorImpl*> done;
   for (auto& [n, t] : all) {
-    if (!t.is_floating_point() || t.dtype() == dtype) continue;
     if (std::find(done.begin(), done.end(), t.impl()) != done.end()) continue;
     done.push_back(t.impl());
+    Tensor c = convert(t.detach());
+    if (!c.defined()) continue;
     // Rebind the storage of the same TensorImpl so every holder (tied weights, optimizers,
     // Python) sees the converted tensor.
-    Tensor c = to_dtype(t.detach(), dtype);
     TensorImpl* impl = t.impl();
     impl->storage = c.storage();
     impl->strides = c.strides();
     impl->offset = c.storage_offset();
-    impl->dtype = dtype;
+    impl->dtype = c.dtype();
     if (t.grad().defined()) t.set_grad(Tensor());
   }
 }

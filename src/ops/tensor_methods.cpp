@@ -26,12 +26,7 @@ Tensor Tensor::flatten(int64_t s, int64_t e) const { return td::flatten(*this, s
 Tensor Tensor::contiguous() const { return td::contiguous(*this); }
 
 Tensor Tensor::to(DType dt) const { return to_dtype(*this, dt); }
-Tensor Tensor::to(Device d) const {
-  TD_CHECK(defined(), "to: undefined tensor");
-  if (d == device()) return *this;
-  TD_ERROR("to(", d.str(), "): copies between ", device().str(), " and ", d.str(),
-           " need the CUDA backend, which this build does not have (TD_WITH_CUDA=OFF)");
-}
+Tensor Tensor::to(Device d) const { return to_device(*this, d); }
 Tensor Tensor::clone() const { return td::clone(*this); }
 Tensor& Tensor::copy_(const Tensor& src) {
   copy_into(*this, src);

@@ -30,6 +30,13 @@ class Allocator {
   // Returns cached (free) blocks to the system.
   virtual void empty_cache() {}
   virtual Device device() const = 0;
+
+  // Note [Device index]: one allocator is registered per device type; these serve one device
+  // of that type by index (a CUDA ordinal). The defaults serve index 0 only (the CPU).
+  virtual DataPtr allocate_on(int index, size_t nbytes);
+  virtual MemoryStats stats_of(int index) const;
+  virtual void reset_peak_of(int index);
+  virtual void empty_cache_of(int index);
 };
 
 inline constexpr size_t kCpuAlignment = 64;

@@ -54,6 +54,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void zero_grad(bool set_to_none = true);
   // Converts floating parameters and buffers in place (the Tensor handles stay the same).
   void to(DType dtype);
+  // Moves parameters and buffers to `device` in place (the Tensor handles stay the same).
+  void to(Device device);
   int64_t num_parameters() const;
 
   // Points the registered parameter at a dotted path ("h.0.attn.c_attn.weight") at another
@@ -67,6 +69,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void replace_parameter(const std::string& name, Tensor t);
 
  private:
+  // Replaces each distinct parameter/buffer by convert(it) unless that is undefined.
+  void convert_in_place(const std::function<Tensor(const Tensor&)>& convert);
   void collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out,
                std::vector<const TensorImpl*>* seen) const;
 

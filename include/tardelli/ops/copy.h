@@ -4,10 +4,13 @@
 
 namespace td {
 
-// dst (any strides) <- src broadcast to dst's shape, converting dtype. Not recorded by autograd.
+// dst (any strides) <- src broadcast to dst's shape, converting dtype; dst and src may be on
+// different devices (the call returns when the copy is complete). Not recorded by autograd.
 void copy_into(const Tensor& dst, const Tensor& src);
 // Differentiable dtype conversion (gradient converted back to the input dtype).
 Tensor to_dtype(const Tensor& t, DType dtype);
+// Differentiable move to another device (gradient moved back); t itself when already there.
+Tensor to_device(const Tensor& t, Device device);
 Tensor clone(const Tensor& t);  // differentiable, contiguous
 
 }  // namespace td
