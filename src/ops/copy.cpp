@@ -5,18 +5,46 @@
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/function.h"
+#include "tardelli/core/cuda_runtime.h"
 #include "tardelli/ops/factory.h"
+#include "tardelli/ops/view.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/copy.h"
+#endif
 
 namespace td {
 
+// Note [Copies between devices]: bytes move between devices only contiguously and in the
+// source dtype (copy_bytes); strides, broadcasting and dtype conversion happen on one device,
+// where the backend's copy kernel handles them. A contiguous copy of the same dtype and shape
+// is one transfer.
+namespace {
+
+void copy_across_devices(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() &&
+      dst.sizes() == src.sizes()) {
+    copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes());
+    return;
+  }
+  Tensor s = src.is_contiguous() ? src : contiguous(src.detach());
+  Tensor staged = Tensor::empty(s.sizes(), s.dtype(), dst.device());
+  copy_bytes(staged.data_ptr(), staged.device(), s.data_ptr(), s.device(), s.nbytes());
+  copy_into(dst, staged);
+}
+
+}  // namespace
+
 void copy_into(const Tensor& dst, const Tensor& src) {
   TD_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
-  ops::check_cpu(dst, "copy_");
-  ops::check_cpu(src, "copy_");
   broadcast_shapes(dst.sizes(), src.sizes(), "copy_");  // validates
   TD_CHECK(broadcast_shapes(dst.sizes(), src.sizes(), "copy_") == dst.sizes(), "copy_: source ",
            shape_str(src.sizes()), " cannot be broadcast to destination ", shape_str(dst.sizes()));
   if (dst.numel() == 0) return;
+  if (dst.device() != src.device()) return copy_across_devices(dst, src);
+#if TD_WITH_CUDA
+  if (dst.is_cuda()) return cuda_ops::copy_(dst, src);
+#endif
+  ops::check_cpu(dst, "copy_");
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() &&
       dst.sizes() == src.sizes()) {
     if (dst.data_ptr() != src.data_ptr()) {
@@ -43,6 +71,23 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
     autograd::record("ToCopyBackward", {t}, {&out}, [src = t.dtype()](const TensorList& g,
                                                                      const auto&) {
       return TensorList{to_dtype(g[0], src)};
+    });
+  }
+  return out;
+}
+
+Tensor to_device(const Tensor& t, Device device) {
+  TD_CHECK(t.defined(), "to: undefined tensor");
+  if (t.device() == device) return t;
+  TD_CHECK(device.is_cpu() || cuda_is_built(), "to(", device.str(), "): tensor ", describe(t),
+           " cannot move to ", device.str(),
+           ": this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+  Tensor out = Tensor::empty(t.sizes(), t.dtype(), device);
+  copy_into(out, t);
+  if (is_floating(t.dtype()) && autograd::needs_grad({t})) {
+    autograd::record("ToCopyBackward", {t}, {&out}, [src = t.device()](const TensorList& g,
+                                                                      const auto&) {
+      return TensorList{to_device(g[0], src)};
     });
   }
   return out;

@@ -5,12 +5,19 @@
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
 #include "tardelli/ops/copy.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/copy.h"
+#endif
 
 namespace td {
 
 namespace {
 
+// Note [Random tensors on devices]: arange and the random factories fill a CPU tensor and copy
+// it to the requested device, so a seed gives the same values on every device (initialization
+// is no hot path; dropout draws its masks on the device itself).
 Tensor finish(Tensor t, const TensorOptions& o) {
+  if (t.device() != o.device) t = to_device(t, o.device);
   if (o.requires_grad) t.set_requires_grad(true);
   return t;
 }
@@ -153,6 +160,12 @@ Tensor from_vector<bool>(const std::vector<bool>& values, const Shape& sizes) {
 // fill_ lives here with the other initializers.
 Tensor& Tensor::fill_(double value) {
   TD_CHECK(defined(), "fill_: undefined tensor");
+#if TD_WITH_CUDA
+  if (is_cuda()) {
+    cuda_ops::fill_(*this, value);
+    return *this;
+  }
+#endif
   ops::check_cpu(*this, "fill_");
   TD_DISPATCH_ALL(dtype(), "fill_", [&]<typename T>() {
     T v = static_cast<T>(static_cast<acc_t<T>>(value));

@@ -1,0 +1,13 @@
+#pragma once
+// CUDA side of copy_ and fill_ (src/ops/copy.cpp, src/ops/factory.cpp); internal.
+#include "tardelli/core/tensor.h"
+
+namespace td::cuda_ops {
+
+// dst <- src, both on the same CUDA device: any strides, any dtypes (converted as the CPU
+// backend converts), src broadcast to dst's shape (already validated by the caller).
+void copy_(const Tensor& dst, const Tensor& src);
+// Every element of t (any strides) set to value converted to t's dtype.
+void fill_(const Tensor& t, double value);
+
+}  // namespace td::cuda_ops
