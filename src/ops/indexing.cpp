@@ -8,6 +8,10 @@
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/factory.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/indexing.h"
+#include "ops/cuda/indexing_ew.h"
+#endif
 
 namespace td {
 
@@ -26,13 +30,20 @@ void check_bool_mask(const Tensor& m, const char* op, const char* arg) {
 }
 
 // Shared by tril/triu: keeps element (i, j) of each trailing matrix iff keep(j - i).
+// `upper` and `k` describe `keep` for the CUDA backend (keep(d) == (upper ? d >= k : d <= k)).
 template <typename Keep>
-Tensor triangle(const char* op, const Tensor& x, Keep keep) {
+Tensor triangle(const char* op, const Tensor& x, bool upper, int64_t k, Keep keep) {
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
+  if (!ops::on_cuda_backend(x)) ops::check_cpu(x, op);
   TD_CHECK(x.dim() >= 2, op, ": input must have at least 2 dims, got ", describe(x));
-  Tensor in = x.detach().contiguous();
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
+#if TD_WITH_CUDA
+  if (x.is_cuda()) {
+    cuda_ops::triangle_into(out, x.detach(), upper, k);
+    return out;
+  }
+#endif
+  Tensor in = x.detach().contiguous();
   const int64_t R = x.size(-2), C = x.size(-1);
   const int64_t rows = x.numel() / std::max<int64_t>(C, 1);
   if (x.numel() == 0) return out;
@@ -113,15 +124,21 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   const char* op = "masked_fill";
   ops::check_defined(x, op, "input");
   check_bool_mask(mask, op, "mask");
-  ops::check_cpu(x, op);
   ops::check_same_device(x, mask, op);
+  if (!ops::on_cuda_backend(x)) ops::check_cpu(x, op);
   TD_CHECK(broadcast_shapes(x.sizes(), mask.sizes(), op) == x.sizes(), op, ": mask ",
            shape_str(mask.sizes()), " does not broadcast to the input ", shape_str(x.sizes()));
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
-  TD_DISPATCH_ALL(x.dtype(), op, [&]<typename T>() {
-    auto v = static_cast<acc_t<T>>(value);
-    cpu::map<T, T, bool>(out, [v](auto xv, bool m) { return m ? v : xv; }, {x.detach(), mask});
-  });
+  if (ops::on_cuda_backend(x)) {
+#if TD_WITH_CUDA
+    cuda_ops::masked_fill_into(out, x.detach(), mask, value);
+#endif
+  } else {
+    TD_DISPATCH_ALL(x.dtype(), op, [&]<typename T>() {
+      auto v = static_cast<acc_t<T>>(value);
+      cpu::map<T, T, bool>(out, [v](auto xv, bool m) { return m ? v : xv; }, {x.detach(), mask});
+    });
+  }
   if (needs_grad({x})) {
     record("MaskedFillBackward", {x}, {&out}, [mask](const TensorList& g, const auto&) {
       return TensorList{masked_fill(g[0], mask, 0.0)};
@@ -135,16 +152,23 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_bool_mask(cond, op, "condition");
   ops::check_defined(a, op, "input");
   ops::check_defined(b, op, "other");
-  ops::check_cpu(cond, op);
   ops::check_same_device(cond, a, op);
   ops::check_same_device(a, b, op);
+  if (!ops::on_cuda_backend(cond)) ops::check_cpu(cond, op);
   Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), op), b.sizes(), op);
   DType rt = promote_types(a.dtype(), b.dtype());
   Tensor ac = as_type(a.detach(), rt), bc = as_type(b.detach(), rt);
   Tensor out = Tensor::empty(shape, rt, a.device());
-  TD_DISPATCH_ALL(rt, op, [&]<typename T>() {
-    cpu::map<T, bool, T, T>(out, [](bool c, auto u, auto v) { return c ? u : v; }, {cond, ac, bc});
-  });
+  if (ops::on_cuda_backend(out)) {
+#if TD_WITH_CUDA
+    cuda_ops::where_into(out, cond, ac, bc);
+#endif
+  } else {
+    TD_DISPATCH_ALL(rt, op, [&]<typename T>() {
+      cpu::map<T, bool, T, T>(out, [](bool c, auto u, auto v) { return c ? u : v; },
+                              {cond, ac, bc});
+    });
+  }
   if (is_floating(rt) && needs_grad({a, b})) {
     record("WhereBackward", {a, b}, {&out}, [cond, a, b](const TensorList& g, const auto& need) {
       Tensor ga, gb;
@@ -157,7 +181,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor tril(const Tensor& x, int64_t k) {
-  Tensor out = triangle("tril", x, [k](int64_t d) { return d <= k; });
+  Tensor out = triangle("tril", x, false, k, [k](int64_t d) { return d <= k; });
   if (needs_grad({x})) {
     record("TrilBackward", {x}, {&out},
            [k](const TensorList& g, const auto&) { return TensorList{tril(g[0], k)}; });
@@ -166,7 +190,7 @@ Tensor tril(const Tensor& x, int64_t k) {
 }
 
 Tensor triu(const Tensor& x, int64_t k) {
-  Tensor out = triangle("triu", x, [k](int64_t d) { return d >= k; });
+  Tensor out = triangle("triu", x, true, k, [k](int64_t d) { return d >= k; });
   if (needs_grad({x})) {
     record("TriuBackward", {x}, {&out},
            [k](const TensorList& g, const auto&) { return TensorList{triu(g[0], k)}; });
@@ -174,12 +198,14 @@ Tensor triu(const Tensor& x, int64_t k) {
   return out;
 }
 
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  const char* op = "index_select";
-  ops::check_defined(x, op, "input");
+namespace {
+
+// The values of index_select (dim wrapped, x checked), on x's device.
+Tensor index_select_values(const Tensor& x, int64_t dim, const Tensor& index, const char* op) {
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::index_select(x, dim, index);
+#endif
   ops::check_cpu(x, op);
-  TD_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", describe(x));
-  dim = wrap_dim(dim, x.dim(), op);
   std::vector<int64_t> idx = checked_index(index, x.size(dim), dim, op);
   Shape os = x.sizes();
   os[dim] = static_cast<int64_t>(idx.size());
@@ -199,6 +225,45 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
           }
         });
   }
+  return out;
+}
+
+// The values of index_add (dim wrapped; x and src checked, on one device), on x's device.
+Tensor index_add_values(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                        const char* op) {
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::index_add(x, dim, index, src);
+#endif
+  ops::check_cpu(x, op);
+  std::vector<int64_t> idx = checked_index(index, x.size(dim), dim, op);
+  Shape want = x.sizes();
+  want[dim] = static_cast<int64_t>(idx.size());
+  TD_CHECK(src.sizes() == want, op, ": source ", describe(src), " must have shape ",
+           shape_str(want), " (the input ", shape_str(x.sizes()), " with dim ", dim,
+           " of the index's length ", idx.size(), ")");
+  return TD_DISPATCH_NUMERIC(x.dtype(), op, [&]<typename T>() {
+    // bf16/f16 accumulate in fp32 and round once at the end.
+    using A = acc_t<T>;
+    DType at = dtype_of<A>::value;
+    Tensor acc = Tensor::empty(x.sizes(), at, x.device());
+    copy_into(acc, x.detach());
+    if (acc.numel() > 0 && !idx.empty()) {
+      Tensor s = as_type(src.detach(), at).contiguous();
+      index_add_kernel<A>(static_cast<A*>(acc.data_ptr()), static_cast<const A*>(s.data_ptr()), idx,
+                          split3(x.sizes(), dim));
+    }
+    return as_type(acc, x.dtype());
+  });
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = "index_select";
+  ops::check_defined(x, op, "input");
+  TD_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", describe(x));
+  dim = wrap_dim(dim, x.dim(), op);
+  Tensor out = index_select_values(x, dim, index, op);
   if (x.is_floating_point() && needs_grad({x})) {
     record(
         "IndexSelectBackward", {x}, {&out},
@@ -213,30 +278,11 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   const char* op = "index_add";
   ops::check_defined(x, op, "input");
   ops::check_defined(src, op, "source");
-  ops::check_cpu(x, op);
   ops::check_same_device(x, src, op);
   ops::check_same_dtype(x, src, op);
   TD_CHECK(x.dim() >= 1, op, ": input must have at least 1 dim, got ", describe(x));
   dim = wrap_dim(dim, x.dim(), op);
-  std::vector<int64_t> idx = checked_index(index, x.size(dim), dim, op);
-  Shape want = x.sizes();
-  want[dim] = static_cast<int64_t>(idx.size());
-  TD_CHECK(src.sizes() == want, op, ": source ", describe(src), " must have shape ",
-           shape_str(want), " (the input ", shape_str(x.sizes()), " with dim ", dim,
-           " of the index's length ", idx.size(), ")");
-  Tensor out = TD_DISPATCH_NUMERIC(x.dtype(), op, [&]<typename T>() {
-    // bf16/f16 accumulate in fp32 and round once at the end.
-    using A = acc_t<T>;
-    DType at = dtype_of<A>::value;
-    Tensor acc = Tensor::empty(x.sizes(), at, x.device());
-    copy_into(acc, x.detach());
-    if (acc.numel() > 0 && !idx.empty()) {
-      Tensor s = as_type(src.detach(), at).contiguous();
-      index_add_kernel<A>(static_cast<A*>(acc.data_ptr()), static_cast<const A*>(s.data_ptr()), idx,
-                          split3(x.sizes(), dim));
-    }
-    return as_type(acc, x.dtype());
-  });
+  Tensor out = index_add_values(x, dim, index, src, op);
   if (x.is_floating_point() && needs_grad({x, src})) {
     record("IndexAddBackward", {x, src}, {&out},
            [dim, index](const TensorList& g, const auto& need) {

@@ -8,6 +8,9 @@
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/factory.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/reduction.h"
+#endif
 
 namespace td {
 
@@ -15,6 +18,16 @@ using autograd::needs_grad;
 using autograd::record;
 
 namespace {
+
+// The reductions run on the CPU and, in CUDA builds, on CUDA devices: the kernel-level helpers
+// below (sum_any, extremum_any, var, norm) send CUDA tensors to src/ops/cuda/reduction.cpp
+// (Note [CUDA dispatch]); the planning, output allocation and autograd stay shared.
+void check_device(const Tensor& x, const char* op) {
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return;
+#endif
+  ops::check_cpu(x, op);
+}
 
 // Sum accumulator: double for floating inputs (deterministic and accurate for any length),
 // int64 for integers.
@@ -53,18 +66,12 @@ void sum_kernel(const Tensor& x, const ops::ReducePlan& p, const Tensor& out, do
                     });
 }
 
-Tensor sum_impl(const Tensor& x, const Shape& dims, bool keepdim, bool mean, const char* op) {
-  ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
-  ops::ReducePlan p = ops::plan_reduce(x, dims, keepdim, op);
-  DType ot = x.is_floating_point() ? x.dtype() : DType::Int64;
-  if (mean) {
-    TD_CHECK(x.is_floating_point(), op, ": expected a floating point input, got ", describe(x));
-  }
-  Tensor out = Tensor::empty(p.out, ot, x.device());
-  if (out.numel() == 0) return out;
-  double scale = mean ? 1.0 / static_cast<double>(p.count) : 1.0;
-  if (mean && p.count == 0) scale = NAN;
+// out <- scale * sum of x over p.dims, on x's device.
+void sum_any(const Tensor& x, const ops::ReducePlan& p, const Tensor& out, double scale,
+             const char* op) {
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::sum_into(x, p, out, scale);
+#endif
   TD_DISPATCH_ALL(x.dtype(), op, [&]<typename T>() {
     if constexpr (std::is_same_v<T, bool>) {
       Tensor xi = x.to(DType::Int64);
@@ -75,6 +82,21 @@ Tensor sum_impl(const Tensor& x, const Shape& dims, bool keepdim, bool mean, con
       sum_kernel<T, T>(x, p, out, scale);
     }
   });
+}
+
+Tensor sum_impl(const Tensor& x, const Shape& dims, bool keepdim, bool mean, const char* op) {
+  ops::check_defined(x, op, "input");
+  check_device(x, op);
+  ops::ReducePlan p = ops::plan_reduce(x, dims, keepdim, op);
+  DType ot = x.is_floating_point() ? x.dtype() : DType::Int64;
+  if (mean) {
+    TD_CHECK(x.is_floating_point(), op, ": expected a floating point input, got ", describe(x));
+  }
+  Tensor out = Tensor::empty(p.out, ot, x.device());
+  if (out.numel() == 0) return out;
+  double scale = mean ? 1.0 / static_cast<double>(p.count) : 1.0;
+  if (mean && p.count == 0) scale = NAN;
+  sum_any(x, p, out, scale, op);
   if (x.is_floating_point() && needs_grad({x})) {
     record(mean ? "MeanBackward" : "SumBackward", {x}, {&out},
            [in = x.sizes(), keep = p.out_keep, scale](const TensorList& g, const auto&) {
@@ -179,18 +201,26 @@ void extremum_rows(const Tensor& rows, const Tensor& values, const Tensor* indic
   });
 }
 
+// values (and indices) <- the extremum of x over p.dims (p.count > 0), on x's device.
+void extremum_any(const Tensor& x, const ops::ReducePlan& p, const Tensor& values,
+                  const Tensor* indices, bool is_max, const char* op) {
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::extremum_into(x, p, values, indices, is_max);
+#endif
+  extremum_rows(ops::rows_layout(x, p), values, indices, is_max, op);
+}
+
 // amax/amin over dims; the gradient is split evenly between tied extrema.
 Tensor extremum_dims(const Tensor& x, const Shape& dims, bool keepdim, bool is_max,
                      const char* op) {
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
+  check_device(x, op);
   ops::ReducePlan p = ops::plan_reduce(x, dims, keepdim, op);
   Tensor out = Tensor::empty(p.out, x.dtype(), x.device());
   if (out.numel() == 0) return out;
   TD_CHECK(p.count > 0, op, ": cannot reduce over an empty dim of ", describe(x),
            " (the operation has no identity)");
-  Tensor rows = ops::rows_layout(x, p);
-  extremum_rows(rows, out, nullptr, is_max, op);
+  extremum_any(x, p, out, nullptr, is_max, op);
   if (x.is_floating_point() && needs_grad({x})) {
     record(is_max ? "AmaxBackward" : "AminBackward", {x}, {&out},
            [xd = x.detach(), y = out.detach(), keep = p.out_keep, rd = p.dims](const TensorList& g,
@@ -226,15 +256,14 @@ Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   const char* op = "max";
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
+  check_device(x, op);
   dim = wrap_dim(dim, x.dim(), op);
   ops::ReducePlan p = ops::plan_reduce(x, {dim}, keepdim, op);
   Tensor values = Tensor::empty(p.out, x.dtype(), x.device());
   Tensor indices = Tensor::empty(p.out, DType::Int64, x.device());
   if (values.numel() == 0) return {values, indices};
   TD_CHECK(p.count > 0, op, ": cannot reduce over dim ", dim, " of size 0 of ", describe(x));
-  Tensor rows = ops::rows_layout(x, p);
-  extremum_rows(rows, values, &indices, true, op);
+  extremum_any(x, p, values, &indices, true, op);
   if (x.is_floating_point() && needs_grad({x})) {
     // Note [Max backward]: the gradient goes to the chosen index of each row. It is written
     // into a zero [rows, n] buffer (the rows_layout order) and permuted back to x's layout.
@@ -252,9 +281,15 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
     Shape inv(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
     record("MaxBackward", {x}, {&values},
-           [idx = indices, R = rows.size(0), n = p.count, rows_shape, inv](const TensorList& g,
-                                                                           const auto&) {
+           [idx = indices, R = numel_of(p.out_keep), n = p.count, rows_shape, inv](
+               const TensorList& g, const auto&) {
              Tensor gr = g[0].contiguous();
+#if TD_WITH_CUDA
+             if (gr.is_cuda()) {
+               return TensorList{
+                   permute(cuda_ops::max_backward_rows(gr, idx, R, n).view(rows_shape), inv)};
+             }
+#endif
              Tensor z = zeros({R, n}, {gr.dtype(), gr.device()});
              const int64_t* ip = static_cast<const int64_t*>(idx.data_ptr());
              TD_DISPATCH_FLOATING(gr.dtype(), "max_backward", [&]<typename T>() {
@@ -281,7 +316,7 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
   const char* op = "var";
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
+  check_device(x, op);
   ops::check_floating(x, op);
   TD_CHECK(correction >= 0, op, ": correction must be non-negative, got ", correction);
   ops::ReducePlan p = ops::plan_reduce(x, dims, keepdim, op);
@@ -291,6 +326,10 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   const double divisor = static_cast<double>(std::max<int64_t>(0, p.count - correction));
   if (p.count == 0) {
     out.fill_(NAN);
+#if TD_WITH_CUDA
+  } else if (x.is_cuda()) {
+    cuda_ops::var_into(x, p, out, divisor);
+#endif
   } else {
     Tensor rows = ops::rows_layout(x, p);
     const int64_t R = rows.size(0), n = rows.size(1);
@@ -323,14 +362,13 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   return out;
 }
 
-Tensor norm(const Tensor& x) {
-  const char* op = "norm";
-  ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
-  ops::check_floating(x, op);
+namespace {
+
+// out <- sqrt of the sum of squares of x (blocked, in double).
+void norm_cpu(const Tensor& x, Tensor& out) {
   Tensor in = x.detach().contiguous();
   const int64_t n = in.numel();
-  double ss = TD_DISPATCH_FLOATING(x.dtype(), op, [&]<typename T>() {
+  double ss = TD_DISPATCH_FLOATING(x.dtype(), "norm", [&]<typename T>() {
     const T* p = static_cast<const T*>(in.data_ptr());
     return blocked_reduce<double>(
         n, 0.0,
@@ -344,8 +382,21 @@ Tensor norm(const Tensor& x) {
         },
         [](double a, double c) { return a + c; });
   });
-  Tensor out = Tensor::empty({}, x.dtype(), x.device());
   out.fill_(std::sqrt(ss));
+}
+
+}  // namespace
+
+Tensor norm(const Tensor& x) {
+  const char* op = "norm";
+  ops::check_defined(x, op, "input");
+  check_device(x, op);
+  ops::check_floating(x, op);
+  Tensor out = Tensor::empty({}, x.dtype(), x.device());
+#if TD_WITH_CUDA
+  if (x.is_cuda()) cuda_ops::norm_into(x, out);
+#endif
+  if (x.is_cpu()) norm_cpu(x, out);
   if (needs_grad({x})) {
     // d|x|/dx = x / |x|; at x == 0 the subgradient 0 is used (torch does the same).
     record("NormBackward", {x}, {&out}, [x, y = out.detach()](const TensorList& g, const auto&) {
