@@ -1,5 +1,7 @@
 #include "tardelli/ops/matmul.h"
 
+#include <atomic>
+
 #include "ops/common.h"
 #include "ops/cpu/onednn.h"
 #include "tardelli/autograd/function.h"
@@ -9,13 +11,19 @@
 #include "tardelli/ops/reduction.h"
 #include "tardelli/ops/view.h"
 
+#if TD_WITH_CUDA
+#include "ops/cuda/matmul.h"
+#endif
+
 // Note [Matmul layouts]: every product here reaches oneDNN as strided memory descriptors over
 // the operands' own storage. A transposed view (W^T in linear, b^T in the backward) is a
 // column-major matrix to oneDNN, not a copy; a batch dim of size 1 or stride 0 is oneDNN's
 // implicit broadcast. Copies happen only where oneDNN has no fast kernel for the layout (see
 // Note [Reference matmul] in cpu/onednn.cpp) or for the dtype (bf16/f16 on CPUs without
 // AVX-512, where oneDNN 2.6 has no matmul: the operands are widened to fp32, multiplied with
-// fp32 accumulation and the result rounded once).
+// fp32 accumulation and the result rounded once). CUDA tensors take the same path down to run(),
+// which hands them to cuBLASLt the same way: transposes and leading dims, not copies (see
+// src/ops/cuda/matmul.cpp).
 
 namespace td {
 
@@ -24,11 +32,24 @@ using autograd::record;
 
 namespace {
 
+// Note [TF32 matmul]: off by default (as in torch): fp32 products on CUDA are then exact fp32
+// FMAs. On, cuBLASLt may round fp32 operands to TF32 (10-bit mantissa) for tensor cores.
+std::atomic<bool> g_allow_tf32{false};
+
+// t on a device this build multiplies on (every CUDA tensor in a CUDA build; see Note [CUDA
+// dispatch] in ops/cuda/launch.h).
+void check_backend(const Tensor& t, const char* op) {
+#if TD_WITH_CUDA
+  if (t.is_cuda()) return;
+#endif
+  ops::check_cpu(t, op);
+}
+
 void check_operands(const Tensor& a, const Tensor& b, const char* op) {
   ops::check_defined(a, op, "input");
   ops::check_defined(b, op, "other");
-  ops::check_cpu(a, op);
-  ops::check_cpu(b, op);
+  ops::check_same_device(a, b, op);
+  check_backend(a, op);
   ops::check_floating(a, op);
   ops::check_floating(b, op);
   TD_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ",
@@ -62,6 +83,12 @@ Tensor widen(const Tensor& t) {
 // Runs out = a @ b (+ bias) with a, b, out already of one ndim; widens reduced floats to fp32
 // when oneDNN has no kernel for them on this CPU.
 void run(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+#if TD_WITH_CUDA
+  if (out.is_cuda()) {
+    cuda_ops::matmul_out(a, b, bias, out, "matmul");
+    return;
+  }
+#endif
   if (cpu::onednn_has_matmul(out.dtype())) {
     cpu::onednn_matmul(a, b, bias, out);
     return;
@@ -163,6 +190,13 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
+void set_matmul_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow, std::memory_order_relaxed);
+}
+bool matmul_allow_tf32() {
+  return g_allow_tf32.load(std::memory_order_relaxed);
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_operands(a, b, "matmul");
   TD_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dim, got ",
@@ -203,7 +237,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TD_CHECK(x.size(-1) == in, "linear: input ", shape_str(x.sizes()), " has ", x.size(-1),
            " features but weight ", shape_str(weight.sizes()), " expects ", in);
   if (bias.defined()) {
-    ops::check_cpu(bias, op);
+    ops::check_same_device(x, bias, op);
     TD_CHECK(bias.dtype() == x.dtype(), "linear: bias dtype must match the input, got ",
              describe(bias), " and ", describe(x));
     TD_CHECK(bias.dim() == 1 && bias.size(0) == outf, "linear: bias ", shape_str(bias.sizes()),

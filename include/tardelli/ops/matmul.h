@@ -8,9 +8,15 @@ namespace td {
 
 // torch.matmul semantics: 1-D x 1-D dot, 2-D x 2-D mm, and batched with broadcast batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
-Tensor mm(const Tensor& a, const Tensor& b);    // [M,K] x [K,N]
-Tensor bmm(const Tensor& a, const Tensor& b);   // [B,M,K] x [B,K,N]
+Tensor mm(const Tensor& a, const Tensor& b);   // [M,K] x [K,N]
+Tensor bmm(const Tensor& a, const Tensor& b);  // [B,M,K] x [B,K,N]
 // y = x W^T + b for x [..., in], W [out, in], b [out] (optional): one fused GEMM with bias.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// Whether fp32 products on CUDA may use TF32 tensor cores (fp32 range, 10-bit mantissa
+// products, fp32 accumulation): faster, about 1e-3 relative error. Off by default, like
+// torch.backends.cuda.matmul.allow_tf32. Process-wide; no effect on the CPU backend.
+void set_matmul_allow_tf32(bool allow);
+bool matmul_allow_tf32();
 
 }  // namespace td
