@@ -5,6 +5,9 @@
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
+// Plain declarations (the enum names the CUDA kernel); its functions are called, and defined,
+// only in CUDA builds.
+#include "ops/cuda/activation.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 
@@ -54,16 +57,21 @@ inline float gelu_tanh_grad(float x) {
   return s + 2.0f * x * s * (1.0f - s) * du;
 }
 
+using cuda_ops::Activation;
+
 void check_act_input(const Tensor& x, const char* op) {
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
   ops::check_floating(x, op);
 }
 
 // out = f(x) in x's dtype.
 template <typename F>
-Tensor act_forward(const char* op, const Tensor& x, F f) {
+Tensor act_forward(const char* op, const Tensor& x, [[maybe_unused]] Activation act, F f) {
   check_act_input(x, op);
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::activation_forward(act, x);
+#endif
+  ops::check_cpu(x, op);
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
   TD_DISPATCH_FLOATING(x.dtype(), op, [&]<typename T>() {
     cpu::map<T, T>(out, [f](float v) { return f(v); }, {x});
@@ -73,13 +81,18 @@ Tensor act_forward(const char* op, const Tensor& x, F f) {
 
 // out = f(grad, x) in x's dtype; grad must have x's shape (converted to x's dtype if needed).
 template <typename F>
-Tensor act_backward(const char* op, const Tensor& grad, const Tensor& x, F f) {
+Tensor act_backward(const char* op, const Tensor& grad, const Tensor& x,
+                    [[maybe_unused]] Activation act, F f) {
   check_act_input(x, op);
   ops::check_defined(grad, op, "grad");
   ops::check_same_device(grad, x, op);
   TD_CHECK(grad.sizes() == x.sizes(), op, ": grad ", describe(grad), " does not match input ",
            describe(x));
   Tensor g = grad.dtype() == x.dtype() ? grad.detach() : to_dtype(grad.detach(), x.dtype());
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::activation_backward(act, g, x);
+#endif
+  ops::check_cpu(x, op);
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
   TD_DISPATCH_FLOATING(x.dtype(), op, [&]<typename T>() {
     cpu::map<T, T, T>(out, [f](float gv, float v) { return f(gv, v); }, {g, x.detach()});
@@ -96,9 +109,10 @@ GeluApprox parse_gelu_approx(const std::string& s) {
 }
 
 Tensor gelu(const Tensor& x, GeluApprox approx) {
-  Tensor out = approx == GeluApprox::Tanh
-                   ? act_forward("gelu", x, [](float v) { return gelu_tanh(v); })
-                   : act_forward("gelu", x, [](float v) { return gelu_erf(v); });
+  Tensor out =
+      approx == GeluApprox::Tanh
+          ? act_forward("gelu", x, Activation::GeluTanh, [](float v) { return gelu_tanh(v); })
+          : act_forward("gelu", x, Activation::GeluErf, [](float v) { return gelu_erf(v); });
   if (needs_grad({x})) {
     record("GeluBackward", {x}, {&out}, [x, approx](const TensorList& g, const auto&) {
       return TensorList{gelu_backward(g[0], x, approx)};
@@ -111,15 +125,15 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
 // themselves differentiable (no double backward through activations).
 Tensor gelu_backward(const Tensor& grad, const Tensor& x, GeluApprox approx) {
   if (approx == GeluApprox::Tanh) {
-    return act_backward("gelu_backward", grad, x,
+    return act_backward("gelu_backward", grad, x, Activation::GeluTanh,
                         [](float g, float v) { return g * gelu_tanh_grad(v); });
   }
-  return act_backward("gelu_backward", grad, x,
+  return act_backward("gelu_backward", grad, x, Activation::GeluErf,
                       [](float g, float v) { return g * gelu_erf_grad(v); });
 }
 
 Tensor silu(const Tensor& x) {
-  Tensor out = act_forward("silu", x, [](float v) { return v * sigmoid_f(v); });
+  Tensor out = act_forward("silu", x, Activation::Silu, [](float v) { return v * sigmoid_f(v); });
   if (needs_grad({x})) {
     record("SiluBackward", {x}, {&out},
            [x](const TensorList& g, const auto&) { return TensorList{silu_backward(g[0], x)}; });
@@ -128,7 +142,7 @@ Tensor silu(const Tensor& x) {
 }
 
 Tensor silu_backward(const Tensor& grad, const Tensor& x) {
-  return act_backward("silu_backward", grad, x, [](float g, float v) {
+  return act_backward("silu_backward", grad, x, Activation::Silu, [](float g, float v) {
     float s = sigmoid_f(v);
     return g * s * (1.0f + v * (1.0f - s));
   });
@@ -136,7 +150,8 @@ Tensor silu_backward(const Tensor& grad, const Tensor& x) {
 
 Tensor relu(const Tensor& x) {
   // `v < 0 ? 0 : v` propagates NaN (a NaN input stays NaN, as in torch).
-  Tensor out = act_forward("relu", x, [](float v) { return v < 0.0f ? 0.0f : v; });
+  Tensor out =
+      act_forward("relu", x, Activation::Relu, [](float v) { return v < 0.0f ? 0.0f : v; });
   if (needs_grad({x})) {
     record("ReluBackward", {x}, {&out}, [y = out.detach()](const TensorList& g, const auto&) {
       return TensorList{relu_backward(g[0], y)};
@@ -146,7 +161,7 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor relu_backward(const Tensor& grad, const Tensor& y) {
-  return act_backward("relu_backward", grad, y,
+  return act_backward("relu_backward", grad, y, Activation::Relu,
                       [](float g, float v) { return v > 0.0f ? g : 0.0f; });
 }
 

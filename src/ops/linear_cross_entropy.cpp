@@ -14,7 +14,8 @@
 // gradient are the largest activations of a train step (GPT-2 at B*T = 2048, V = 8192: 64 MiB
 // each in fp32). Chunking the rows bounds them by chunk_elems; the price is recomputing each
 // chunk's logits in backward. The chunk loss is a Sum so that the mean over all non-ignored rows
-// is exact whatever the chunking.
+// is exact whatever the chunking. On CUDA the same code runs on device tensors (the GEMMs and
+// the fused cross-entropy kernels); only each chunk's summed loss comes back to the host.
 
 namespace td {
 
@@ -43,6 +44,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   TD_CHECK(target.dim() == 1 && target.size(0) == x.size(0) && is_integral(target.dtype()), op,
            ": expected an int target [", x.size(0), "], got ", describe(target));
   TD_CHECK(chunk_elems > 0, op, ": chunk_elems must be positive, got ", chunk_elems);
+  ops::check_same_device(x, weight, op);
+  ops::check_same_device(x, target, op);
   const int64_t N = x.size(0), V = weight.size(0);
   const int64_t rows = std::max<int64_t>(1, chunk_elems / std::max<int64_t>(V, 1));
 
@@ -55,11 +58,12 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       int64_t n = std::min(rows, N - r0);
       Tensor l = chunk_logits_fp32(x.narrow(0, r0, n), weight);
-      total += cross_entropy(l, target.narrow(0, r0, n), ignore_index, Reduction::Sum)
-                   .item_double();
+      total +=
+          cross_entropy(l, target.narrow(0, r0, n), ignore_index, Reduction::Sum).item_double();
     }
     // All rows ignored: 0/0 = NaN, as cross_entropy's Mean.
-    out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32);
+    out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32,
+                        x.device());
   }
   if (autograd::needs_grad({x, weight})) {
     autograd::record(
@@ -68,7 +72,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
                                                        const std::vector<bool>& need) {
           const int64_t N = x.size(0);
           Tensor dx = need[0] ? empty_like(x) : Tensor();
-          Tensor dw32 = need[1] ? zeros(weight.sizes()) : Tensor();
+          Tensor dw32 =
+              need[1] ? zeros(weight.sizes(), {DType::Float32, weight.device()}) : Tensor();
           const double scale = count > 0 ? g[0].item_double() / static_cast<double>(count) : 0.0;
           autograd::NoGradGuard ng;
           for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -78,8 +83,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
             Tensor dl;
             {
               autograd::GradModeGuard on(true);
-              Tensor loss = cross_entropy(l, target.narrow(0, r0, n), ignore_index,
-                                          Reduction::Sum);
+              Tensor loss = cross_entropy(l, target.narrow(0, r0, n), ignore_index, Reduction::Sum);
               dl = autograd::grad({loss}, {l}, {})[0];
             }
             if (scale != 1.0) dl = mul(dl, scale);
@@ -91,7 +95,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
             }
           }
           Tensor dw;
-          if (need[1]) dw = weight.dtype() == DType::Float32 ? dw32 : to_dtype(dw32, weight.dtype());
+          if (need[1])
+            dw = weight.dtype() == DType::Float32 ? dw32 : to_dtype(dw32, weight.dtype());
           return TensorList{dx, dw};
         });
   }

@@ -10,6 +10,9 @@
 #include "ops/cpu/vec_math.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/factory.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/loss.h"
+#endif
 
 // Note [Fused cross entropy]: logits are viewed as contiguous [rows, C]. The forward makes one
 // read of each row for its max and logsumexp (fp32 for every dtype) and saves only the fp32
@@ -30,7 +33,6 @@ using cpu::load_row;
 using cpu::vexp;
 
 namespace {
-
 
 int64_t row_grain(int64_t n) {
   return std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(n, 1));
@@ -100,8 +102,9 @@ void ce_backward_rows(const T* logits, const int64_t* target, const float* shift
 }
 
 struct CeSaved {
-  Tensor logits;  // contiguous [rows, C], detached
-  std::vector<int64_t> target;
+  Tensor logits;                // contiguous [rows, C], detached
+  std::vector<int64_t> target;  // CPU
+  Tensor target_dev;            // CUDA: int64 [rows] on the logits' device
   // The logsumexp of each row as max + log(sum exp(x - max)), both fp32 [rows]: kept apart so
   // that x - lse is formed as (x - max) - log_s without rounding lse to max's spacing.
   Tensor shift, log_s;
@@ -110,6 +113,12 @@ struct CeSaved {
 
 Tensor ce_backward(const Tensor& grad, const CeSaved& s, const Shape& logits_shape,
                    int64_t ignore_index, Reduction reduction, double label_smoothing) {
+#if TD_WITH_CUDA
+  if (s.logits.is_cuda()) {
+    return cuda_ops::cross_entropy_backward(grad, s.logits, s.target_dev, s.shift, s.log_s, s.count,
+                                            ignore_index, reduction, label_smoothing, logits_shape);
+  }
+#endif
   const int64_t C = s.logits.size(1), rows = s.logits.size(0);
   std::vector<float> g = to_vector<float>(grad);
   int64_t g_stride = 1;
@@ -130,6 +139,11 @@ Tensor ce_backward(const Tensor& grad, const CeSaved& s, const Shape& logits_sha
   return dx;
 }
 
+// The CPU forward: fills s (target, statistics, count) and returns the reduced loss.
+Tensor ce_forward_cpu(const Tensor& logits, const Tensor& target, const Shape& batch,
+                      int64_t ignore_index, Reduction reduction, double label_smoothing,
+                      CeSaved& s);
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
@@ -137,8 +151,6 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const char* op = "cross_entropy";
   ops::check_defined(logits, op, "input");
   ops::check_defined(target, op, "target");
-  ops::check_cpu(logits, op);
-  ops::check_cpu(target, op);
   ops::check_floating(logits, op);
   TD_CHECK(logits.dim() >= 1, op, ": input must have a class dim [..., C], got ", describe(logits));
   TD_CHECK(is_integral(target.dtype()), op, ": target must be int32 or int64 class indices, got ",
@@ -152,6 +164,38 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
            ": label_smoothing must be in [0, 1], got ", label_smoothing);
 
   CeSaved s;
+  Tensor out;
+#if TD_WITH_CUDA
+  if (logits.is_cuda()) {
+    s.logits = logits.detach().contiguous().view({numel_of(batch), C});
+    out =
+        cuda_ops::cross_entropy_forward(s.logits, target, ignore_index, reduction, label_smoothing,
+                                        batch, s.target_dev, s.shift, s.log_s, s.count);
+  } else
+#endif
+  {
+    out = ce_forward_cpu(logits, target, batch, ignore_index, reduction, label_smoothing, s);
+  }
+  if (needs_grad({logits})) {
+    record(
+        "CrossEntropyBackward", {logits}, {&out},
+        [s = std::move(s), shape = logits.sizes(), ignore_index, reduction, label_smoothing](
+            const TensorList& g, const auto&) {
+          return TensorList{ce_backward(g[0], s, shape, ignore_index, reduction, label_smoothing)};
+        });
+  }
+  return out;
+}
+
+namespace {
+
+Tensor ce_forward_cpu(const Tensor& logits, const Tensor& target, const Shape& batch,
+                      int64_t ignore_index, Reduction reduction, double label_smoothing,
+                      CeSaved& s) {
+  const char* op = "cross_entropy";
+  ops::check_cpu(logits, op);
+  ops::check_cpu(target, op);
+  const int64_t C = logits.sizes().back();
   const int64_t rows = numel_of(batch);
   s.logits = logits.detach().contiguous().view({rows, C});
   s.target = to_vector<int64_t>(target);
@@ -183,15 +227,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
     if (reduction == Reduction::Mean) total /= static_cast<double>(s.count);  // 0/0: NaN
     out = scalar_tensor(total, logits.dtype(), logits.device());
   }
-  if (needs_grad({logits})) {
-    record(
-        "CrossEntropyBackward", {logits}, {&out},
-        [s = std::move(s), shape = logits.sizes(), ignore_index, reduction, label_smoothing](
-            const TensorList& g, const auto&) {
-          return TensorList{ce_backward(g[0], s, shape, ignore_index, reduction, label_smoothing)};
-        });
-  }
   return out;
 }
+
+}  // namespace
 
 }  // namespace td

@@ -8,6 +8,9 @@
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/factory.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/norm.h"
+#endif
 
 // Note [Fused norms]: x is viewed as a contiguous [rows, N] matrix (N = numel of the normalized
 // shape; a strided x is copied first). Forward: each row is loaded once into a float scratch
@@ -56,7 +59,6 @@ void store_row(const float* src, int64_t n, T* dst) {
 int64_t check_normalized_shape(const char* op, const Tensor& x, const Shape& ns, const Tensor& w,
                                const Tensor& b) {
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
   ops::check_floating(x, op);
   TD_CHECK(!ns.empty(), op, ": normalized_shape must not be empty (input ", describe(x), ")");
   int64_t k = static_cast<int64_t>(ns.size());
@@ -68,7 +70,7 @@ int64_t check_normalized_shape(const char* op, const Tensor& x, const Shape& ns,
   for (const Tensor* p : {&w, &b}) {
     if (!p->defined()) continue;
     const char* name = p == &w ? "weight" : "bias";
-    ops::check_cpu(*p, op);
+    ops::check_same_device(x, *p, op);
     TD_CHECK(p->is_floating_point(), op, ": ", name, " must be floating point, got ", describe(*p));
     TD_CHECK(p->sizes() == ns, op, ": ", name, " ", describe(*p), " must have normalized_shape ",
              shape_str(ns));
@@ -76,10 +78,9 @@ int64_t check_normalized_shape(const char* op, const Tensor& x, const Shape& ns,
   return numel_of(ns);
 }
 
-// Checks the [rows, N] layout of a tensor against x for the backward entry points.
+// Checks the [rows, N] layout of a tensor against x for the fused entry points (any device).
 void check_rows(const char* op, const Tensor& x, int64_t n) {
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
   ops::check_floating(x, op);
   TD_CHECK(n > 0 && x.numel() % n == 0, op, ": norm_numel ", n, " does not divide input ",
            describe(x));
@@ -221,6 +222,10 @@ NormForward layer_norm_forward(const Tensor& x, int64_t norm_numel, const Tensor
     TD_CHECK(!p->defined() || p->numel() == norm_numel, op, ": weight/bias ", describe(*p),
              " must have ", norm_numel, " elements");
   }
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::layer_norm_forward(x, norm_numel, weight, bias, eps);
+#endif
+  ops::check_cpu(x, op);
   Tensor xc = x.detach().contiguous();
   int64_t rows = x.numel() / norm_numel;
   NormForward f;
@@ -253,6 +258,13 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const
   Tensor xc = x.detach().contiguous();
   Tensor gc =
       (grad.dtype() == x.dtype() ? grad.detach() : to_dtype(grad.detach(), x.dtype())).contiguous();
+#if TD_WITH_CUDA
+  if (x.is_cuda()) {
+    return cuda_ops::layer_norm_backward(gc, xc, mean, rstd, weight, has_bias, norm_numel);
+  }
+#endif
+  ops::check_cpu(x, op);
+  ops::check_cpu(grad, op);
   Tensor mc = mean.detach().contiguous(), rc = rstd.detach().contiguous();
   Tensor dx = Tensor::empty(x.sizes(), x.dtype(), x.device());
   std::vector<float> w = as_floats(weight);
@@ -301,6 +313,10 @@ NormForward rms_norm_forward(const Tensor& x, int64_t norm_numel, const Tensor& 
   check_rows(op, x, norm_numel);
   TD_CHECK(!weight.defined() || weight.numel() == norm_numel, op, ": weight ", describe(weight),
            " must have ", norm_numel, " elements");
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::rms_norm_forward(x, norm_numel, weight, eps);
+#endif
+  ops::check_cpu(x, op);
   Tensor xc = x.detach().contiguous();
   int64_t rows = x.numel() / norm_numel;
   NormForward f;
@@ -329,6 +345,11 @@ std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x,
   Tensor xc = x.detach().contiguous();
   Tensor gc =
       (grad.dtype() == x.dtype() ? grad.detach() : to_dtype(grad.detach(), x.dtype())).contiguous();
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::rms_norm_backward(gc, xc, rstd, weight, norm_numel);
+#endif
+  ops::check_cpu(x, op);
+  ops::check_cpu(grad, op);
   Tensor rc = rstd.detach().contiguous();
   Tensor dx = Tensor::empty(x.sizes(), x.dtype(), x.device());
   std::vector<float> w = as_floats(weight);

@@ -11,6 +11,9 @@
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/view.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/softmax.h"
+#endif
 
 // Note [Row kernels]: softmax and its backward work on contiguous rows of the reduced dim. The
 // last dim of a contiguous tensor is used in place; any other dim (or a strided input) is first
@@ -29,7 +32,6 @@ using cpu::row_max;
 using cpu::vexp;
 
 namespace {
-
 
 template <typename T>
 void store_row(const float* src, int64_t n, T* dst) {
@@ -117,10 +119,13 @@ Tensor rows_restore(const Tensor& t, int64_t dim) {
 template <bool Log>
 Tensor softmax_forward(const Tensor& x, int64_t dim, const char* op) {
   ops::check_defined(x, op, "input");
-  ops::check_cpu(x, op);
   ops::check_floating(x, op);
   if (x.dim() == 0) return softmax_forward<Log>(x.detach().view({1}), 0, op).view({});
   int64_t d = wrap_dim(dim, x.dim(), op);
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return rows_restore(cuda_ops::softmax_rows(rows_last(x, d), Log), d);
+#endif
+  ops::check_cpu(x, op);
   Tensor xr = rows_last(x, d);
   Tensor yr = Tensor::empty(xr.sizes(), x.dtype(), x.device());
   int64_t n = x.size(d);
@@ -137,8 +142,6 @@ template <bool Log>
 Tensor softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t dim, const char* op) {
   ops::check_defined(grad, op, "grad");
   ops::check_defined(y, op, "output");
-  ops::check_cpu(grad, op);
-  ops::check_cpu(y, op);
   ops::check_floating(y, op);
   TD_CHECK(grad.sizes() == y.sizes(), op, ": grad ", describe(grad), " and output ", describe(y),
            " must have the same shape");
@@ -148,6 +151,14 @@ Tensor softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t dim, c
   }
   int64_t d = wrap_dim(dim, y.dim(), op);
   Tensor g = grad.dtype() == y.dtype() ? grad.detach() : to_dtype(grad.detach(), y.dtype());
+#if TD_WITH_CUDA
+  if (y.is_cuda()) {
+    ops::check_same_device(y, grad, op);
+    return rows_restore(cuda_ops::softmax_backward_rows(rows_last(g, d), rows_last(y, d), Log), d);
+  }
+#endif
+  ops::check_cpu(grad, op);
+  ops::check_cpu(y, op);
   Tensor gr = rows_last(g, d), yr = rows_last(y, d);
   Tensor dx = Tensor::empty(yr.sizes(), y.dtype(), y.device());
   int64_t n = y.size(d);

@@ -1,0 +1,315 @@
+// layer_norm / rms_norm kernels. Note [Fused norms] (src/ops/norm.cpp) is the specification.
+//
+// Note [CUDA norm kernels]: forward: one block per row (Note [Row ownership]); the row is read
+// once with 16-byte loads into an fp32 shared-memory copy (rows up to kCacheBytes; longer rows
+// are re-read, from L2), then mean and the centred sum of squares are two passes over that copy
+// and y is written in a third (vectorized stores). Backward: a block owns a fixed chunk of rows
+// (the chunking depends only on rows and n), computes dx row by row (one pass for the two row
+// sums, one pass writing dx) and adds g * xhat and g into per-column fp32 accumulators in shared
+// memory, each column owned by one thread, so every column sums its rows in order. Each chunk
+// writes its partials to scratch [nchunks, n]; a second kernel adds the chunks in order (in
+// double). Rows too long for the shared accumulators use a separate column-tiled partials
+// kernel (a second read of g and x) with the same chunks. No atomics: bitwise deterministic.
+#include "norm/norm.cuh"
+#include "runtime/cuda_check.cuh"
+#include "softmax/row_common.cuh"
+
+namespace td::kernels {
+
+namespace {
+
+constexpr int kMaxThreads = 512;
+// Dynamic shared memory usable without opting in (48 KiB less the static reduction buffers).
+constexpr size_t kDefaultSmem = 47 * 1024;
+// Largest shared accumulator of the fused backward (needs the opt-in above 48 KiB).
+constexpr size_t kMaxAccumSmem = 100 * 1024;
+constexpr size_t kCacheBytes = kDefaultSmem;
+
+template <typename T, bool kLayer, bool kCache>
+__global__ void norm_forward_kernel(const T* __restrict__ x, T* __restrict__ y, float* mean,
+                                    float* rstd, const float* __restrict__ w,
+                                    const float* __restrict__ b, int64_t rows, int64_t n, float eps,
+                                    bool vec) {
+  extern __shared__ float cache[];
+  __shared__ float red[32];
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    float s = 0.f;
+    rows::for_each1(xr, n, vec, [&](int64_t j, float v) {
+      if constexpr (kCache) cache[j] = v;
+      if constexpr (kLayer) s += v;
+    });
+    float mu = 0.f;
+    if constexpr (kLayer) mu = block_sum(s, red) * inv_n;
+    float ss = 0.f;
+    if constexpr (kCache) {
+      rows::for_owned<T>(n, vec, [&](int64_t j) {
+        const float d = cache[j] - mu;
+        ss += d * d;
+      });
+    } else {
+      rows::for_each1(xr, n, vec, [&](int64_t, float v) {
+        const float d = v - mu;
+        ss += d * d;
+      });
+    }
+    const float rs = 1.0f / sqrtf(block_sum(ss, red) * inv_n + eps);
+    auto out = [&](int64_t j, float v) {
+      float o = (v - mu) * rs;
+      if (w != nullptr) o *= w[j];
+      if (b != nullptr) o += b[j];
+      return o;
+    };
+    if constexpr (kCache) {
+      rows::map0(yr, n, vec, [&](int64_t j) { return out(j, cache[j]); });
+    } else {
+      rows::map1(xr, yr, n, vec, out);
+    }
+    if (threadIdx.x == 0) {
+      if constexpr (kLayer) mean[r] = mu;
+      rstd[r] = rs;
+    }
+  }
+}
+
+// Rows of the weight-gradient chunks (Note [CUDA norm kernels]): at most 512 chunks and at most
+// 2^22 partial values per gradient; depends only on rows and n.
+struct Chunking {
+  int64_t chunk_rows = 1, nchunks = 0;
+};
+Chunking chunking(int64_t rows, int64_t n) {
+  int64_t max_chunks = (int64_t{1} << 22) / (n < 1 ? 1 : n);
+  if (max_chunks < 1) max_chunks = 1;
+  if (max_chunks > 512) max_chunks = 512;
+  Chunking c;
+  c.chunk_rows = rows < 1 ? 1 : ceil_div(rows, max_chunks);
+  c.nchunks = ceil_div(rows, c.chunk_rows);
+  return c;
+}
+
+// dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) (rms: without mean(gw)), gw = g * w.
+// kAccum: the block's chunk partials of dw / db (pw / pb, either may be null) via shared memory.
+template <typename T, bool kLayer, bool kAccum>
+__global__ void norm_backward_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd,
+                                     const float* __restrict__ w, T* __restrict__ dx, float* pw,
+                                     float* pb, int64_t rows, int64_t n, int64_t chunk_rows,
+                                     int64_t nchunks, bool vec) {
+  extern __shared__ float acc[];
+  __shared__ float red[32];
+  float* acc_w = kAccum && pw != nullptr ? acc : nullptr;
+  float* acc_b = kAccum && pb != nullptr ? acc + (pw != nullptr ? n : 0) : nullptr;
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    if constexpr (kAccum) {
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        if (acc_w != nullptr) acc_w[j] = 0.f;
+        if (acc_b != nullptr) acc_b[j] = 0.f;
+      }
+      __syncthreads();
+    }
+    const int64_t r_end = (c + 1) * chunk_rows < rows ? (c + 1) * chunk_rows : rows;
+    for (int64_t r = c * chunk_rows; r < r_end; ++r) {
+      const T* gr = g + r * n;
+      const T* xr = x + r * n;
+      const float mu = kLayer ? mean[r] : 0.f, rs = rstd[r];
+      float s_gw = 0.f, s_gwx = 0.f;
+      rows::for_each2(gr, xr, n, vec, [&](int64_t j, float gv, float xv) {
+        const float xh = (xv - mu) * rs;
+        const float gw = w != nullptr ? gv * w[j] : gv;
+        s_gw += gw;
+        s_gwx += gw * xh;
+      });
+      if constexpr (kLayer) s_gw = block_sum(s_gw, red);
+      s_gwx = block_sum(s_gwx, red);
+      const float a = kLayer ? s_gw * inv_n : 0.f, bc = s_gwx * inv_n;
+      rows::map2(gr, xr, dx + r * n, n, vec, [&](int64_t j, float gv, float xv) {
+        const float xh = (xv - mu) * rs;
+        const float gw = w != nullptr ? gv * w[j] : gv;
+        if constexpr (kAccum) {
+          if (acc_w != nullptr) acc_w[j] += gv * xh;
+          if (acc_b != nullptr) acc_b[j] += gv;
+        }
+        return rs * (gw - a - xh * bc);
+      });
+    }
+    if constexpr (kAccum) {
+      __syncthreads();
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        if (acc_w != nullptr) pw[c * n + j] = acc_w[j];
+        if (acc_b != nullptr) pb[c * n + j] = acc_b[j];
+      }
+    }
+  }
+}
+
+// Partials for rows too long for the shared accumulators: block (32, 8) covers 32 columns of
+// one chunk (blockIdx.y); thread (tx, ty) sums rows ty, ty + 8, ... of the chunk in order, then
+// the 8 row phases are added in order.
+template <typename T, bool kLayer>
+__global__ void norm_weight_partials_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                            const float* __restrict__ mean,
+                                            const float* __restrict__ rstd, float* pw, float* pb,
+                                            int64_t rows, int64_t n, int64_t chunk_rows) {
+  __shared__ float sw[8][33], sb[8][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  const int64_t c = blockIdx.y;
+  const int64_t r0 = c * chunk_rows;
+  const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float aw = 0.f, ab = 0.f;
+  if (col < n) {
+    for (int64_t r = r0 + ty; r < r1; r += 8) {
+      const float gv = to_float(g[r * n + col]);
+      const float xh = (to_float(x[r * n + col]) - (kLayer ? mean[r] : 0.f)) * rstd[r];
+      aw += gv * xh;
+      ab += gv;
+    }
+  }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty == 0 && col < n) {
+    float tw = 0.f, tb = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      tw += sw[k][tx];
+      tb += sb[k][tx];
+    }
+    if (pw != nullptr) pw[c * n + col] = tw;
+    if (pb != nullptr) pb[c * n + col] = tb;
+  }
+}
+
+// out[j] = sum over chunks c in order of part[c, j] (in double, rounded once).
+__global__ void sum_chunks_kernel(const float* __restrict__ part, float* __restrict__ out,
+                                  int64_t nchunks, int64_t n) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double s = 0.0;
+    for (int64_t c = 0; c < nchunks; ++c) s += part[c * n + j];
+    out[j] = static_cast<float>(s);
+  }
+}
+
+// The largest dynamic shared memory a block of the current device may opt into.
+size_t max_dynamic_smem() {
+  int dev = 0, optin = 0;
+  TD_CUDA_CHECK(cudaGetDevice(&dev));
+  TD_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const size_t limit = optin > 1024 ? static_cast<size_t>(optin) - 1024 : 0;
+  return limit < kMaxAccumSmem ? limit : kMaxAccumSmem;
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > kDefaultSmem) {
+    TD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+  }
+}
+
+template <typename T, bool kLayer>
+void launch_forward(const T* x, T* y, float* mean, float* rstd, const float* w, const float* b,
+                    int64_t rows, int64_t n, float eps, cudaStream_t stream) {
+  const bool vec = rows::rows_vectorizable<T>(n, {x, y});
+  const int threads = rows::threads_for_row(n, vec ? kVec16<T> : 1, kMaxThreads);
+  const unsigned grid = rows::row_blocks(rows);
+  const size_t cache = static_cast<size_t>(n) * sizeof(float);
+  if (cache <= kCacheBytes) {
+    norm_forward_kernel<T, kLayer, true>
+        <<<grid, threads, cache, stream>>>(x, y, mean, rstd, w, b, rows, n, eps, vec);
+  } else {
+    norm_forward_kernel<T, kLayer, false>
+        <<<grid, threads, 0, stream>>>(x, y, mean, rstd, w, b, rows, n, eps, vec);
+  }
+  TD_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T, bool kLayer>
+void launch_backward(const T* g, const T* x, const float* mean, const float* rstd, const float* w,
+                     T* dx, float* dw, float* db, int64_t rows, int64_t n, void* scratch,
+                     cudaStream_t stream) {
+  const bool want = dw != nullptr || db != nullptr;
+  const Chunking ch = chunking(rows, n);
+  float* pw = dw != nullptr ? static_cast<float*>(scratch) : nullptr;
+  float* pb =
+      db != nullptr ? static_cast<float*>(scratch) + (dw != nullptr ? ch.nchunks * n : 0) : nullptr;
+  const bool vec = rows::rows_vectorizable<T>(n, {g, x, dx});
+  const int threads = rows::threads_for_row(n, vec ? kVec16<T> : 1, kMaxThreads);
+  const size_t acc = static_cast<size_t>((dw != nullptr) + (db != nullptr)) *
+                     static_cast<size_t>(n) * sizeof(float);
+  if (want && acc <= max_dynamic_smem()) {
+    auto* kernel = norm_backward_kernel<T, kLayer, true>;
+    allow_smem(kernel, acc);
+    kernel<<<static_cast<unsigned>(ch.nchunks), threads, acc, stream>>>(
+        g, x, mean, rstd, w, dx, pw, pb, rows, n, ch.chunk_rows, ch.nchunks, vec);
+    TD_CUDA_LAUNCH_CHECK();
+  } else {
+    norm_backward_kernel<T, kLayer, false><<<rows::row_blocks(rows), threads, 0, stream>>>(
+        g, x, mean, rstd, w, dx, nullptr, nullptr, rows, n, 1, rows, vec);
+    TD_CUDA_LAUNCH_CHECK();
+    if (want) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(n, 32)), static_cast<unsigned>(ch.nchunks));
+      norm_weight_partials_kernel<T, kLayer>
+          <<<grid, dim3(32, 8), 0, stream>>>(g, x, mean, rstd, pw, pb, rows, n, ch.chunk_rows);
+      TD_CUDA_LAUNCH_CHECK();
+    }
+  }
+  float* parts[2] = {pw, pb};
+  float* outs[2] = {dw, db};
+  for (int k = 0; k < 2; ++k) {
+    if (outs[k] == nullptr) continue;
+    sum_chunks_kernel<<<grid_for(n, 256, 4096), 256, 0, stream>>>(parts[k], outs[k], ch.nchunks, n);
+    TD_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void norm_forward(const T* x, T* y, float* mean, float* rstd, const float* w, const float* b,
+                  int64_t rows, int64_t n, float eps, bool layer, cudaStream_t stream) {
+  if (rows <= 0 || n <= 0) return;
+  if (layer) {
+    launch_forward<T, true>(x, y, mean, rstd, w, b, rows, n, eps, stream);
+  } else {
+    launch_forward<T, false>(x, y, nullptr, rstd, w, nullptr, rows, n, eps, stream);
+  }
+}
+
+size_t norm_backward_scratch_bytes(int64_t rows, int64_t n, bool want_dw, bool want_db) {
+  if (rows <= 0 || n <= 0) return 0;
+  const Chunking ch = chunking(rows, n);
+  return static_cast<size_t>(want_dw + want_db) * static_cast<size_t>(ch.nchunks) *
+         static_cast<size_t>(n) * sizeof(float);
+}
+
+template <typename T>
+void norm_backward(const T* g, const T* x, const float* mean, const float* rstd, const float* w,
+                   T* dx, float* dw, float* db, int64_t rows, int64_t n, void* scratch,
+                   cudaStream_t stream) {
+  if (n <= 0) return;
+  if (rows <= 0) {  // empty sums
+    if (dw != nullptr) TD_CUDA_CHECK(cudaMemsetAsync(dw, 0, n * sizeof(float), stream));
+    if (db != nullptr) TD_CUDA_CHECK(cudaMemsetAsync(db, 0, n * sizeof(float), stream));
+    return;
+  }
+  if (mean != nullptr) {
+    launch_backward<T, true>(g, x, mean, rstd, w, dx, dw, db, rows, n, scratch, stream);
+  } else {
+    launch_backward<T, false>(g, x, nullptr, rstd, w, dx, dw, db, rows, n, scratch, stream);
+  }
+}
+
+#define TD_INSTANTIATE_NORM(T)                                                                     \
+  template void norm_forward<T>(const T*, T*, float*, float*, const float*, const float*, int64_t, \
+                                int64_t, float, bool, cudaStream_t);                               \
+  template void norm_backward<T>(const T*, const T*, const float*, const float*, const float*, T*, \
+                                 float*, float*, int64_t, int64_t, void*, cudaStream_t);
+TD_KERNELS_FOR_FLOATING(TD_INSTANTIATE_NORM)
+#undef TD_INSTANTIATE_NORM
+
+}  // namespace td::kernels
