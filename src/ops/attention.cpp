@@ -14,9 +14,14 @@
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/indexing.h"
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/softmax.h"
 #include "tardelli/ops/view.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/attention.h"
+#endif
 
 // Note [Flash attention on the CPU]: the fused path follows FlashAttention-2. The forward walks
 // query blocks of kBlockQ rows; for each it streams key/value blocks of kBlockK rows through an
@@ -383,7 +388,7 @@ Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal
   ops::check_defined(k, op, "key");
   ops::check_defined(v, op, "value");
   for (const Tensor* t : {&q, &k, &v}) {
-    ops::check_cpu(*t, op);
+    ops::check_same_device(q, *t, op);
     ops::check_floating(*t, op);
   }
   TD_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), op,
@@ -418,13 +423,16 @@ Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal
 
 // Float mask added to the scores: a bool mask (True = attend) becomes 0 / -inf.
 Tensor additive_mask(const Tensor& mask, DType dt, const Shape& scores, const char* op) {
-  ops::check_cpu(mask, op);
   TD_CHECK(broadcast_shapes(mask.sizes(), scores, op) == scores, op, ": attn_mask ",
            shape_str(mask.sizes()), " does not broadcast to the scores ", shape_str(scores));
   if (mask.dtype() != DType::Bool) {
     TD_CHECK(mask.dtype() == dt, op, ": attn_mask must be bool or match the query dtype ",
              dtype_name(dt), ", got ", describe(mask));
     return mask;
+  }
+  if (!mask.is_cpu()) {
+    return where(mask, scalar_tensor(0.0, dt, mask.device()),
+                 scalar_tensor(-std::numeric_limits<double>::infinity(), dt, mask.device()));
   }
   Tensor out = Tensor::empty(mask.sizes(), dt, mask.device());
   TD_DISPATCH_FLOATING(dt, op, [&]<typename T>() {
@@ -456,7 +464,12 @@ Tensor composite_attention(const Dims& d, const Tensor& q, const Tensor& k, cons
 
 AttentionForward flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                          bool is_causal, double scale) {
-  Dims d = check_qkv(q, k, v, is_causal, scale, "flash_attention_forward");
+  const char* op = "flash_attention_forward";
+  Dims d = check_qkv(q, k, v, is_causal, scale, op);
+#if TD_WITH_CUDA
+  if (q.is_cuda()) return cuda_ops::flash_attention_forward(q, k, v, is_causal, d.scale);
+#endif
+  for (const Tensor* t : {&q, &k, &v}) ops::check_cpu(*t, op);
   AttentionForward r;
   r.out = Tensor::empty({d.B, d.H, d.Tq, d.Dv}, q.dtype(), q.device());
   r.lse = Tensor::empty({d.B, d.H, d.Tq}, DType::Float32, q.device());
@@ -489,6 +502,12 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
            describe(out));
   TD_CHECK(lse.dtype() == DType::Float32 && lse.sizes() == Shape({d.B, d.H, d.Tq}), op,
            ": lse must be float32 ", shape_str({d.B, d.H, d.Tq}), ", got ", describe(lse));
+#if TD_WITH_CUDA
+  if (q.is_cuda()) {
+    return cuda_ops::flash_attention_backward(grad_out, q, k, v, out, lse, is_causal, d.scale);
+  }
+#endif
+  for (const Tensor* t : {&q, &k, &v, &grad_out, &out, &lse}) ops::check_cpu(*t, op);
   Tensor dq = Tensor::empty(q.sizes(), q.dtype(), q.device());
   Tensor dk = Tensor::empty(k.sizes(), k.dtype(), k.device());
   Tensor dv = Tensor::empty(v.sizes(), v.dtype(), v.device());
