@@ -6,6 +6,9 @@
 
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/adamw.h"
+#endif
 
 // Note [AdamW order of operations]: torch.optim.AdamW (single-tensor and foreach paths) does
 //   p *= 1 - lr * wd
@@ -49,7 +52,15 @@ void check_group(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor
   const char* op = "adamw_step";
   TD_CHECK(p.defined() && g.defined() && m.defined() && v.defined(), op, where,
            ": param, grad, exp_avg and exp_avg_sq must all be defined");
+#if TD_WITH_CUDA
+  if (p.is_cuda()) {
+    for (const Tensor* t : {&g, &m, &v}) ops::check_same_device(p, *t, op);
+  } else {
+    for (const Tensor* t : {&p, &g, &m, &v}) ops::check_cpu(*t, op);
+  }
+#else
   for (const Tensor* t : {&p, &g, &m, &v}) ops::check_cpu(*t, op);
+#endif
   TD_CHECK(p.is_floating_point(), op, where, ": param must be float32, bfloat16 or float16, got ",
            describe(p));
   TD_CHECK(g.dtype() == p.dtype() || g.dtype() == DType::Float32, op, where, ": grad ", describe(g),
@@ -94,12 +105,23 @@ void adamw_dispatch(const Tensor& p, const Tensor& g, const Tensor& m, const Ten
   });
 }
 
+#if TD_WITH_CUDA
+cuda_ops::AdamWScalars scalars(const Coeffs& c) {
+  return {c.decay, c.one_minus_b1, c.b2, c.one_minus_b2, c.step_size, c.bc2_sqrt, c.eps};
+}
+#endif
+
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 const AdamWConfig& cfg) {
   check_group(param, grad, exp_avg, exp_avg_sq, "");
   Coeffs c = make_coeffs(cfg);
+#if TD_WITH_CUDA
+  if (param.is_cuda()) {
+    return cuda_ops::adamw_step({param}, {grad}, {exp_avg}, {exp_avg_sq}, scalars(c));
+  }
+#endif
   cpu::parallel_for(param.numel(), cpu::kGrain, [&](int64_t b, int64_t e) {
     adamw_dispatch(param, grad, exp_avg, exp_avg_sq, b, e, c);
   });
@@ -116,6 +138,25 @@ void adamw_step(TensorList& params, const TensorList& grads, TensorList& exp_avg
                 " (tensor " + std::to_string(k) + ")");
   }
   Coeffs c = make_coeffs(cfg);
+  // CUDA tensors go to the multi-tensor kernel (one launch per device and dtype pair), the
+  // rest stay here.
+  std::vector<size_t> on_cpu;
+#if TD_WITH_CUDA
+  TensorList cp, cg, cm, cv;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (params[k].is_cuda()) {
+      cp.push_back(params[k]);
+      cg.push_back(grads[k]);
+      cm.push_back(exp_avgs[k]);
+      cv.push_back(exp_avg_sqs[k]);
+    } else {
+      on_cpu.push_back(k);
+    }
+  }
+  if (!cp.empty()) cuda_ops::adamw_step(cp, cg, cm, cv, scalars(c));
+#else
+  for (size_t k = 0; k < params.size(); ++k) on_cpu.push_back(k);
+#endif
   // One flat list of fixed-size chunks over all tensors, split across threads in one region:
   // small tensors (biases, norms) share a thread instead of each paying a fork/join.
   struct Chunk {
@@ -124,13 +165,13 @@ void adamw_step(TensorList& params, const TensorList& grads, TensorList& exp_avg
   };
   constexpr int64_t kChunk = 16384;
   std::vector<Chunk> chunks;
-  for (size_t k = 0; k < params.size(); ++k) {
+  int64_t total = 0;
+  for (size_t k : on_cpu) {
+    total += params[k].numel();
     for (int64_t b = 0; b < params[k].numel(); b += kChunk) {
       chunks.push_back({k, b, std::min(params[k].numel(), b + kChunk)});
     }
   }
-  int64_t total = 0;
-  for (const auto& p : params) total += p.numel();
   int64_t grain = std::max<int64_t>(1, cpu::kGrain / kChunk);
   if (total < cpu::kGrain) grain = static_cast<int64_t>(chunks.size());  // one thread
   cpu::parallel_for(static_cast<int64_t>(chunks.size()), grain, [&](int64_t b, int64_t e) {

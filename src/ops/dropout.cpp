@@ -6,6 +6,9 @@
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/factory.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/dropout.h"
+#endif
 
 // Note [Dropout mask]: the mask is a pure function of (PhiloxState, logical element index):
 // element i keeps iff uniform(philox(block offset + i/4, subsequence; seed)[i % 4]) >= p, the
@@ -40,16 +43,19 @@ void check_p(double p, const char* op) {
 
 Tensor dropout_apply(const Tensor& x, double p, const PhiloxState& st) {
   ops::check_defined(x, "dropout", "input");
-  ops::check_cpu(x, "dropout");
   ops::check_floating(x, "dropout");
   check_p(p, "dropout");
+  const float pf = static_cast<float>(p);
+  // p == 1 keeps nothing (uniform < 1 always); the scale is never applied then.
+  const float scale = p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::dropout_apply(x, pf, scale, st);
+#endif
+  ops::check_cpu(x, "dropout");
   Tensor in = x.detach().contiguous();  // logical row-major order = memory order
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
   const int64_t n = x.numel();
   if (n == 0) return out;
-  const float pf = static_cast<float>(p);
-  // p == 1 keeps nothing (uniform < 1 always); the scale is never applied then.
-  const float scale = p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
   TD_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<typename T>() {
     const T* src = static_cast<const T*>(in.data_ptr());
     T* dst = static_cast<T*>(out.data_ptr());
@@ -74,7 +80,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   ops::check_defined(x, "dropout", "input");
   check_p(p, "dropout");
   if (!training || p == 0.0) return x;
+#if TD_WITH_CUDA
+  if (!x.is_cuda()) ops::check_cpu(x, "dropout");
+#else
   ops::check_cpu(x, "dropout");
+#endif
   ops::check_floating(x, "dropout");
   if (p == 1.0) {
     Tensor out = zeros(x.sizes(), {x.dtype(), x.device()});

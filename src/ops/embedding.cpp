@@ -7,6 +7,9 @@
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/factory.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/embedding.h"
+#endif
 
 // Note [Deterministic embedding backward]: the gradient of a lookup is a scatter-add, where
 // atomics (or per-thread tables merged in arbitrary order) would make the result depend on
@@ -22,13 +25,17 @@ using autograd::record;
 
 namespace {
 
+void check_index_dtype(const Tensor& indices, const char* op) {
+  ops::check_defined(indices, op, "indices");
+  TD_CHECK(is_integral(indices.dtype()), op, ": indices must be int32 or int64, got ",
+           describe(indices));
+}
+
 // Indices as int64 values in a flat vector, validated against [0, num_embeddings).
 std::vector<int64_t> checked_indices(const Tensor& indices, int64_t num_embeddings,
                                      const char* op) {
-  ops::check_defined(indices, op, "indices");
+  check_index_dtype(indices, op);
   ops::check_cpu(indices, op);
-  TD_CHECK(is_integral(indices.dtype()), op, ": indices must be int32 or int64, got ",
-           describe(indices));
   std::vector<int64_t> idx = to_vector<int64_t>(indices);
   for (size_t i = 0; i < idx.size(); ++i) {
     TD_CHECK(idx[i] >= 0 && idx[i] < num_embeddings, op, ": index ", idx[i], " at position ", i,
@@ -38,14 +45,10 @@ std::vector<int64_t> checked_indices(const Tensor& indices, int64_t num_embeddin
   return idx;
 }
 
-}  // namespace
-
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+// The lookup without autograd: the CPU backend's kernel.
+Tensor embedding_cpu(const Tensor& weight, const Tensor& indices) {
   const char* op = "embedding";
-  ops::check_defined(weight, op, "weight");
   ops::check_cpu(weight, op);
-  TD_CHECK(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got ",
-           describe(weight));
   const int64_t V = weight.size(0), D = weight.size(1);
   std::vector<int64_t> idx = checked_indices(indices, V, op);
   Shape out_shape = indices.sizes();
@@ -64,6 +67,23 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                         }
                       });
   }
+  return out;
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const char* op = "embedding";
+  ops::check_defined(weight, op, "weight");
+  TD_CHECK(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got ",
+           describe(weight));
+  check_index_dtype(indices, op);
+  Tensor out;
+#if TD_WITH_CUDA
+  if (weight.is_cuda()) out = cuda_ops::embedding(weight, indices);
+#endif
+  if (!out.defined()) out = embedding_cpu(weight, indices);
+  const int64_t V = weight.size(0);
   if (weight.is_floating_point() && needs_grad({weight})) {
     record("EmbeddingBackward", {weight}, {&out},
            [indices = indices.detach(), V](const TensorList& g, const auto&) {
@@ -76,15 +96,19 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_embeddings) {
   const char* op = "embedding_backward";
   ops::check_defined(grad, op, "grad");
-  ops::check_cpu(grad, op);
   ops::check_floating(grad, op);
   TD_CHECK(num_embeddings >= 0, op, ": num_embeddings must be >= 0, got ", num_embeddings);
-  std::vector<int64_t> idx = checked_indices(indices, num_embeddings, op);
-  const int64_t n = static_cast<int64_t>(idx.size());
+  check_index_dtype(indices, op);
   TD_CHECK(grad.dim() == indices.dim() + 1 &&
                Shape(grad.sizes().begin(), grad.sizes().end() - 1) == indices.sizes(),
            op, ": grad ", describe(grad), " must have shape indices.shape + [embedding_dim] for ",
            "indices ", describe(indices));
+#if TD_WITH_CUDA
+  if (grad.is_cuda()) return cuda_ops::embedding_backward(grad, indices, num_embeddings);
+#endif
+  ops::check_cpu(grad, op);
+  std::vector<int64_t> idx = checked_indices(indices, num_embeddings, op);
+  const int64_t n = static_cast<int64_t>(idx.size());
   const int64_t D = grad.sizes().back();
   Tensor gc = grad.detach().contiguous();
   Tensor out = Tensor::empty({num_embeddings, D}, grad.dtype(), grad.device());

@@ -6,6 +6,9 @@
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/function.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/rotary.h"
+#endif
 
 // Note [Rotary layout]: x is [B, T, H, D] with any strides (q/k usually come out of a fused
 // QKV projection as strided views), so the kernel reads x through its strides and writes a
@@ -24,14 +27,12 @@ void check_rotary_args(const char* op, const Tensor& x, const Tensor& cos, const
   ops::check_defined(x, op, "x");
   ops::check_defined(cos, op, "cos");
   ops::check_defined(sin, op, "sin");
-  ops::check_cpu(x, op);
   ops::check_floating(x, op);
   TD_CHECK(x.dim() == 4, op, ": x must be [batch, seq, heads, head_dim], got ", describe(x));
   const int64_t T = x.size(1), D = x.size(3);
   TD_CHECK(D % 2 == 0, op, ": head_dim must be even, got ", D, " (x ", describe(x), ")");
   for (const Tensor* c : {&cos, &sin}) {
     const char* name = c == &cos ? "cos" : "sin";
-    ops::check_cpu(*c, op);
     TD_CHECK(c->dtype() == DType::Float32, op, ": ", name, " must be float32, got ", describe(*c));
     TD_CHECK(c->sizes() == (Shape{T, D / 2}), op, ": ", name, " ", describe(*c),
              " must be [seq, head_dim/2] = ", shape_str({T, D / 2}), " for x ", describe(x));
@@ -106,6 +107,10 @@ std::pair<Tensor, Tensor> rope_cache(int64_t seq_len, int64_t head_dim, double b
 Tensor rotary_kernel(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
   const char* op = "apply_rotary";
   check_rotary_args(op, x, cos, sin);
+#if TD_WITH_CUDA
+  if (x.is_cuda()) return cuda_ops::rotary(x, cos, sin, inverse);
+#endif
+  for (const Tensor* t : {&x, &cos, &sin}) ops::check_cpu(*t, op);
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
   if (x.numel() == 0) return out;
   Tensor cc = cos.detach().contiguous(), sc = sin.detach().contiguous();

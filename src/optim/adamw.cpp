@@ -53,8 +53,8 @@ void AdamW::update_group(const ParamGroup& group, ParamStates& state) {
     if (!g.is_contiguous()) g = g.contiguous();
     auto& st = state[i];
     if (st.tensors.empty()) {
-      st.tensors["exp_avg"] = zeros(p.sizes());
-      st.tensors["exp_avg_sq"] = zeros(p.sizes());
+      st.tensors["exp_avg"] = zeros(p.sizes(), {DType::Float32, p.device()});
+      st.tensors["exp_avg_sq"] = zeros(p.sizes(), {DType::Float32, p.device()});
     }
     st.step += 1;
     buckets[st.step].push_back({p, p.is_contiguous() ? p : p.contiguous(), g, &st});

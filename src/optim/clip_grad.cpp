@@ -7,6 +7,9 @@
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/elementwise.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/adamw.h"
+#endif
 
 namespace td::optim {
 
@@ -23,7 +26,7 @@ double total_norm(const TensorList& params, double p, const char* who) {
                     : p == 1      ? Kind::One
                     : p == 2      ? Kind::Two
                                   : Kind::General;
-  TensorList grads;
+  TensorList grads, cuda_grads;
   std::vector<const TensorImpl*> seen;  // a tensor listed twice (tied weights) counts once
   for (const auto& t : params) {
     TD_CHECK(t.defined(), who, ": a parameter is an undefined tensor");
@@ -31,10 +34,10 @@ double total_norm(const TensorList& params, double p, const char* who) {
     seen.push_back(t.impl());
     Tensor g = t.grad();
     if (!g.defined()) continue;
-    TD_CHECK(g.is_cpu(), who, ": gradient on ", g.device().str(),
+    TD_CHECK(g.is_cpu() || g.is_cuda(), who, ": gradient on ", g.device().str(),
              "; this build has only a CPU implementation");
     TD_CHECK(g.is_floating_point(), who, ": gradients must be floating point, got ", describe(g));
-    grads.push_back(g.is_contiguous() ? g : g.contiguous());
+    (g.is_cuda() ? cuda_grads : grads).push_back(g.is_contiguous() ? g : g.contiguous());
   }
   struct Chunk {
     size_t k;
@@ -75,6 +78,17 @@ double total_norm(const TensorList& params, double p, const char* who) {
       partial[ci] = acc;
     }
   });
+  // CUDA gradients: one partial per device chunk, reduced in a fixed order on the device and
+  // appended after the CPU partials, so the total is still deterministic.
+#if TD_WITH_CUDA
+  if (!cuda_grads.empty()) {
+    const int code = kind == Kind::Inf ? 0 : kind == Kind::One ? 1 : kind == Kind::Two ? 2 : 3;
+    std::vector<double> dev = cuda_ops::grad_norm_partials(cuda_grads, code, p);
+    partial.insert(partial.end(), dev.begin(), dev.end());
+  }
+#else
+  TD_CHECK(cuda_grads.empty(), who, ": CUDA gradients in a build without the CUDA backend");
+#endif
   double acc = 0;
   for (double x : partial) {
     acc = kind == Kind::Inf ? (std::isnan(x) || std::isnan(acc) ? NAN : std::max(acc, x)) : acc + x;

@@ -46,8 +46,8 @@ void Optimizer::add_param_group(ParamGroup group) {
              describe(p), " (parameter ", i, ")");
     TD_CHECK(p.is_leaf(), name_, ": can't optimize a non-leaf tensor ", describe(p), " (parameter ",
              i, ")");
-    TD_CHECK(p.is_cpu(), name_, ": parameter ", i, " is on ", p.device().str(),
-             "; this build has only a CPU implementation");
+    TD_CHECK(p.is_cpu() || p.is_cuda(), name_, ": parameter ", i, " is on ", p.device().str(),
+             ", which no optimizer supports");
     TD_CHECK(seen.insert(p.impl()).second, name_,
              ": some parameters appear in more than one parameter group (or twice in one)");
   }
@@ -148,10 +148,12 @@ void Optimizer::load_state_dict(const OptimizerState& sd) {
   }
   for (const auto& [index, ps] : sd.state) {
     auto& st = state_[where[index].first][where[index].second];
+    const Device device = groups_[where[index].first].params[where[index].second].device();
     st.step = ps.step;
     for (const auto& [k, t] : ps.tensors) {
-      // Optimizer state is fp32 (Note [Optimizer state dict]: a copy, never an alias).
-      Tensor c = Tensor::empty(t.sizes(), DType::Float32);
+      // Optimizer state is fp32 on the parameter's device (Note [Optimizer state dict]: a copy,
+      // never an alias).
+      Tensor c = Tensor::empty(t.sizes(), DType::Float32, device);
       copy_into(c, t);
       st.tensors[k] = c;
     }

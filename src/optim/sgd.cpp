@@ -4,6 +4,9 @@
 
 #include "ops/cpu/loops.h"
 #include "tardelli/ops/copy.h"
+#if TD_WITH_CUDA
+#include "ops/cuda/adamw.h"
+#endif
 
 namespace td::optim {
 
@@ -86,12 +89,38 @@ void SGD::update_group(const ParamGroup& group, ParamStates& state) {
       auto found = st.tensors.find("momentum_buffer");
       it.first = found == st.tensors.end();
       if (it.first) {
-        st.tensors["momentum_buffer"] = Tensor::empty(p.sizes(), DType::Float32);
+        st.tensors["momentum_buffer"] = Tensor::empty(p.sizes(), DType::Float32, p.device());
       }
       it.buf = st.tensors.at("momentum_buffer");
     }
     items.push_back(std::move(it));
   }
+  // CUDA parameters: one multi-tensor launch per device and dtype pair; the rest below.
+#if TD_WITH_CUDA
+  {
+    TensorList ps, gs, bs;
+    std::vector<bool> firsts;
+    std::vector<Item> cpu_items;
+    for (auto& it : items) {
+      if (it.work.is_cuda()) {
+        ps.push_back(it.work);
+        gs.push_back(it.grad);
+        bs.push_back(it.buf);
+        firsts.push_back(it.first);
+      } else {
+        cpu_items.push_back(it);
+      }
+    }
+    if (!ps.empty()) {
+      cuda_ops::sgd_step(ps, gs, bs, firsts,
+                         {c.lr, c.weight_decay, c.momentum, c.one_minus_dampening, c.nesterov});
+      for (auto& it : items) {
+        if (it.work.is_cuda() && !it.work.is_same(it.param)) copy_into(it.param, it.work);
+      }
+      items = std::move(cpu_items);
+    }
+  }
+#endif
   // One parallel region over fixed-size chunks of all parameters (as td::adamw_step does).
   struct Chunk {
     size_t k;
