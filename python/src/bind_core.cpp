@@ -270,6 +270,9 @@ void bind_factories(py::module_& m) {
       "device"_a = kCPU);
   m.def("reset_peak_memory_stats", &reset_peak_memory_stats, "device"_a = kCPU);
   m.def("empty_cache", &empty_cache, "device"_a = kCPU);
+  m.def("cuda_is_built", &cuda_is_built);
+  m.def("cuda_device_count", &cuda_device_count);
+  m.def("cuda_synchronize", &cuda_synchronize, "device"_a = -1, nogil());
 }
 
 void bind_tensor(TensorClass& cls) {

@@ -740,3 +740,62 @@ def test_copy_broadcasts_and_converts():
     dst.transpose(0, 1).copy_(td.tensor(src))
     want = torch.from_numpy(src).to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(td_to_np(dst), np.broadcast_to(want[:, None], (4, 3)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the same table on the CUDA backend
+
+
+def _cuda_params():
+    if td.cuda.is_available():
+        return _params()
+    why = ("no CUDA device: the CUDA column of the conformance table runs on a GPU machine "
+           "(benchmarks/gpu/check.sh)" if td.cuda.is_built() else
+           "this tardelli was built without the CUDA backend (TD_WITH_CUDA=OFF)")
+    return [pytest.param(None, None, None, None, marks=pytest.mark.skip(reason=why), id="cuda")]
+
+
+def _to_cuda_leaves(leaves):
+    out = []
+    for t in leaves:
+        c = t.detach().to("cuda")
+        if t.requires_grad:
+            c.requires_grad_(True)
+        out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("op,case,dtype,layout", _cuda_params())
+def test_cuda_vs_cpu(op, case, dtype, layout):
+    """Every row on CUDA == the same row on the CPU backend, forward and gradients, same inputs
+    and the same non-contiguous views. The tolerance is the row's reference tolerance: both
+    backends meet it against the float64 reference (test_forward / test_backward on the GPU
+    machine), and kernels differ from the CPU's only in summation order and libm ulps."""
+    p = Prepared(op, case, dtype, layout)
+    fwd_tol, bwd_tol = tol_of(op, dtype)
+    run_bwd = op.backward and bool(p.diff_indices())
+    cpu_leaves = p.td_leaves(requires_grad=run_bwd)
+    gpu_leaves = _to_cuda_leaves(cpu_leaves)
+    cpu_outs, gpu_outs = p.td_call(cpu_leaves), p.td_call(gpu_leaves)
+    for o in gpu_outs:
+        assert o.device.type == "cuda", f"{op.name}: output on {o.device}, expected cuda"
+    refs = [td_to_np(o) for o in cpu_outs]
+    check_outputs([o.cpu() for o in gpu_outs], refs, dtype, fwd_tol, "cuda vs cpu")
+    if not run_bwd:
+        return
+    ws = p.weights(refs)
+    td_backward(cpu_outs, ws, dtype)
+    gpu_pairs = [(o, td_from_np(w.astype(np.float32), dtype).to("cuda"))
+                 for o, w in zip(gpu_outs, ws) if w is not None]
+    loss = None
+    for o, w in gpu_pairs:
+        term = (o * w).sum()
+        loss = term if loss is None else loss + term
+    loss.backward()
+    for i in p.diff_indices():
+        g = gpu_leaves[i].grad
+        assert g is not None and g.device.type == "cuda", f"grad of input {i} not on cuda"
+        err = rel_err(td_to_np(g.cpu()), td_grad_np(cpu_leaves[i]), SCALE_FLOOR[dtype])
+        _record("cuda grad", dtype, err, bwd_tol)
+        assert err < bwd_tol, (f"cuda grad of input {i}: error {err:.3g} >= {bwd_tol:g} "
+                               f"{rel_err.last}")
