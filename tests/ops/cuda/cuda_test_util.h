@@ -1,0 +1,105 @@
+#pragma once
+// Helpers shared by the CUDA test suites (tests/ops/cuda, tests/models/cuda): the skip without a
+// device, moving tensors between the backends, dtype lists and tolerances, and comparisons of a
+// CUDA result against the CPU backend's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tardelli/core/cuda_runtime.h"
+#include "tardelli/tardelli.h"
+#include "test_util.h"
+
+// Skips the current test (returning from the function it is used in) when there is no CUDA
+// device. The message is what the GPU run's scripts look for.
+#define TD_REQUIRE_CUDA() \
+  if (!td::cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+namespace td::test {
+
+inline Device gpu() {
+  return cuda_device(0);
+}
+inline Tensor on_cuda(const Tensor& t) {
+  return t.to(cuda_device());
+}
+inline Tensor on_cpu(const Tensor& t) {
+  return t.to(kCPU);
+}
+
+// Every dtype.
+inline constexpr DType kAll[] = {DType::Float32, DType::BFloat16, DType::Float16,
+                                 DType::Int32,   DType::Int64,    DType::Bool};
+
+inline std::string name(DType dt) {
+  return std::string(dtype_name(dt));
+}
+
+// Tolerance (relative to max(|want|, |want[i]|)) for results computed in fp32 on both backends
+// and rounded once: fp32 1e-5 (the CPU sums rows in an 8-lane SIMD order, the GPU in block
+// trees, so the fp32 sums differ in the last bits); bf16 1e-2 and fp16 2e-3 (an 8-bit / 11-bit
+// mantissa: an ulp is 3.9e-3 / 4.9e-4, and two fp32 values a hair apart can round one ulp
+// apart).
+inline double tol(DType dt) {
+  return dt == DType::BFloat16 ? 1e-2 : dt == DType::Float16 ? 2e-3 : 1e-5;
+}
+
+// got (on the GPU) matches want (CPU): same sizes and dtype, |got - want| <= rtol * (|want| +
+// max |want|) elementwise, NaN where want is NaN.
+inline void expect_matches(const Tensor& got, const Tensor& want, double rtol,
+                           const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_TRUE(want.defined()) << what;
+  EXPECT_TRUE(got.is_cuda()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  const std::vector<double> g = doubles(got), w = doubles(want);
+  double scale = 0.0;
+  for (double v : w) {
+    if (std::isfinite(v)) scale = std::max(scale, std::fabs(v));
+  }
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(w[i])) {
+      ASSERT_TRUE(std::isnan(g[i])) << what << " element " << i << ": got " << g[i];
+      continue;
+    }
+    ASSERT_LE(std::fabs(g[i] - w[i]), rtol * (std::fabs(w[i]) + scale))
+        << what << " element " << i << ": got " << g[i] << ", want " << w[i];
+  }
+}
+
+// A detached copy of cpu on the GPU (gpu_leaf) or the CPU (cpu_leaf) that requires grad.
+inline Tensor gpu_leaf(const Tensor& cpu) {
+  Tensor t = cpu.detach().to(gpu());
+  t.set_requires_grad(true);
+  return t;
+}
+inline Tensor cpu_leaf(const Tensor& cpu) {
+  Tensor t = cpu.detach().clone();
+  t.set_requires_grad(true);
+  return t;
+}
+
+// Random CPU values of dtype dt: standard normal floats, integers in [-1000, 1000), booleans
+// from the sign of a normal value.
+inline Tensor random_input(const Shape& s, DType dt, uint64_t seed) {
+  Generator gen(seed);
+  if (dt == DType::Bool) return gt(randn(s, {}, &gen), 0.0);
+  if (is_integral(dt)) return randint(-1000, 1000, s, {dt, kCPU, false}, &gen);
+  Tensor t = randn(s, {}, &gen);
+  return dt == DType::Float32 ? t : t.to(dt);
+}
+
+// The bits of f, for bitwise comparisons of floats.
+inline uint32_t float_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+}  // namespace td::test
