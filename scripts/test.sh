@@ -18,6 +18,7 @@ export TD_BUILD_DIR="${build_dir}"
 
 passed=0
 failed=0
+skipped=0
 problems=()
 
 note_failure() {
@@ -40,8 +41,11 @@ summary="$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$
 if [[ -n "${summary}" ]]; then
   n_failed="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"${summary}")"
   n_total="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"${summary}")"
-  passed=$((passed + n_total - n_failed))
+  # Skipped tests (the CUDA suites without a GPU) count as neither passed nor failed.
+  n_skipped="$(grep -cE '^ *[0-9]+ - .*\(Skipped\)$' "${log}" || true)"
+  passed=$((passed + n_total - n_failed - n_skipped))
   failed=$((failed + n_failed))
+  skipped=$((skipped + n_skipped))
   ((ctest_rc != 0 && n_failed == 0)) && { failed=$((failed + 1)); note_failure "ctest exited ${ctest_rc}"; }
   ((n_failed > 0)) && note_failure "ctest: ${n_failed} failed"
 elif grep -q "No tests were found" "${log}"; then
@@ -65,7 +69,9 @@ if [[ -d tests/python ]]; then
     n_pass="$(grep -oE '[0-9]+ passed' <<<"${last}" | grep -oE '[0-9]+' || true)"
     n_fail="$(grep -oE '[0-9]+ failed' <<<"${last}" | grep -oE '[0-9]+' || true)"
     n_err="$(grep -oE '[0-9]+ errors?' <<<"${last}" | grep -oE '[0-9]+' || true)"
+    n_skip="$(grep -oE '[0-9]+ skipped' <<<"${last}" | grep -oE '[0-9]+' || true)"
     passed=$((passed + ${n_pass:-0}))
+    skipped=$((skipped + ${n_skip:-0}))
     failed=$((failed + ${n_fail:-0} + ${n_err:-0}))
     if ((pytest_rc != 0)); then
       note_failure "pytest exited ${pytest_rc}"
@@ -103,5 +109,6 @@ rm -rf "${prefix}" "${consumer}"
 if ((${#problems[@]} > 0)); then
   echo "test: problems: ${problems[*]}"
 fi
+((skipped > 0)) && echo "test: ${skipped} skipped (CUDA tests skip without a GPU; run benchmarks/gpu/check.sh on one)"
 echo "${passed} passed, ${failed} failed"
 ((failed == 0))

@@ -1,0 +1,124 @@
+"""One table from a GPU check run (benchmarks/gpu/check.sh): the machine, the test results and
+every benchmark against its target (issue 3):
+  * bf16 GEMM within 5% of raw cuBLASLt (td / cuBLASLt >= 0.95), next to the device peak;
+  * memory-bound kernels at >= 80% of device-to-device copy bandwidth;
+  * attention forward+backward no slower than 1.2x torch's flash SDPA on the same shapes.
+Prints Markdown (pasted into docs/gpu-results.md). Standard library only.
+"""
+import argparse
+import json
+import os
+import re
+
+
+def load_jsonl(path):
+    rows = []
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+    return rows
+
+
+def verdict(ok):
+    return "met" if ok else "**not met**"
+
+
+def gtest_summary(path):
+    if not path or not os.path.exists(path):
+        return "not run"
+    with open(path) as f:
+        j = json.load(f)
+    tests = failures = skipped = 0
+    failed = []
+    for suite in j.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            tests += 1
+            if t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
+                skipped += 1
+            if t.get("failures"):
+                failures += 1
+                failed.append(f"{suite['name']}.{t['name']}")
+    s = f"{tests} tests, {failures} failed, {skipped} skipped"
+    if failed:
+        s += " (" + ", ".join(failed[:12]) + (" ..." if len(failed) > 12 else "") + ")"
+    return s
+
+
+def pytest_summary(path):
+    if not path or not os.path.exists(path):
+        return "not run"
+    with open(path) as f:
+        lines = [ln.strip() for ln in f if re.search(r"\b(passed|failed|skipped|error)", ln)]
+    return lines[-1] if lines else "no summary line (see log)"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench")
+    ap.add_argument("--machine")
+    ap.add_argument("--gtest")
+    ap.add_argument("--pytest")
+    ap.add_argument("--failures")
+    a = ap.parse_args()
+    out = ["## GPU check", ""]
+    if a.machine and os.path.exists(a.machine):
+        out += ["```", open(a.machine).read().strip(), "```", ""]
+    out += ["| tests | result |", "|---|---|",
+            f"| td_cuda_tests | {gtest_summary(a.gtest)} |",
+            f"| pytest (CUDA conformance, td.cuda) | {pytest_summary(a.pytest)} |", ""]
+    rows = load_jsonl(a.bench)
+    skipped = [r for r in rows if "skipped" in r]
+    for r in skipped:
+        out.append(f"- {r.get('bench', '?')} skipped: {r['skipped']}")
+    gemm = [r for r in rows if r.get("bench") == "gemm" and "skipped" not in r]
+    if gemm:
+        out += ["", "| GEMM | M=N=K | td TFLOP/s | raw cuBLASLt | td/cuBLASLt | peak | target |",
+                "|---|---|---|---|---|---|---|"]
+        for r in gemm:
+            ratio = r.get("ratio") or (r["td_tflops"] / r["cublaslt_tflops"])
+            tgt = verdict(ratio >= 0.95) if r.get("dtype") == "bf16" else "-"
+            out.append(f"| {r.get('dtype')} | {r.get('m')}x{r.get('n')}x{r.get('k')} | "
+                       f"{r['td_tflops']:.0f} | {r['cublaslt_tflops']:.0f} | {ratio:.3f} | "
+                       f"{r.get('peak_tflops', 0):.0f} | {tgt} (>= 0.95) |")
+    mem = [r for r in rows if r.get("bench") == "memory_bound" and "skipped" not in r]
+    if mem:
+        out += ["", "| memory-bound op | dtype | GB/s | copy GB/s | ratio | target |",
+                "|---|---|---|---|---|---|"]
+        for r in mem:
+            ratio = r.get("ratio") or r["gbps"] / r["copy_gbps"]
+            out.append(f"| {r.get('op')} | {r.get('dtype')} | {r['gbps']:.0f} | "
+                       f"{r['copy_gbps']:.0f} | {ratio:.2f} | {verdict(ratio >= 0.8)} (>= 0.80) |")
+    att = [r for r in rows if r.get("bench") == "attention" and "skipped" not in r]
+    if att:
+        out += ["", "| attention | shape | fwd ms | fwd+bwd ms | fwd TFLOP/s | vs torch fwd+bwd |",
+                "|---|---|---|---|---|---|"]
+        torch_rows = [r for r in att if r.get("impl") == "torch"]
+        for r in att:
+            shape = f"B{r.get('B')} T{r.get('T')} H{r.get('H')} D{r.get('D')} " \
+                    f"{'causal' if r.get('causal', True) else 'full'} {r.get('dtype', 'bf16')}"
+            vs = "-"
+            if r.get("impl") != "torch":
+                ref = [t for t in torch_rows if t.get("D") == r.get("D")]
+                if ref:
+                    best = min(ref, key=lambda t: t["fwd_bwd_ms"])
+                    x = r["fwd_bwd_ms"] / best["fwd_bwd_ms"]
+                    vs = f"{x:.2f}x of torch ({best.get('backend', '?')}): {verdict(x <= 1.2)} (<= 1.2x)"
+            tag = r.get("backend") or r.get("path")
+            name = r.get("impl", "td") + (f" [{tag}]" if tag else "")
+            out.append(f"| {name} | {shape} | {r.get('fwd_ms', 0):.3f} | "
+                       f"{r.get('fwd_bwd_ms', 0):.3f} | {r.get('fwd_tflops', 0):.0f} | {vs} |")
+    if a.failures and os.path.exists(a.failures):
+        f = open(a.failures).read().strip()
+        if f:
+            out += ["", "Failures: " + "; ".join(f.splitlines())]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Fetches, here (where apt works), the Debian packages the GPU check needs but a bare GPU machine
+# lacks: oneDNN (the CPU GEMM every build links) and GoogleTest. They land in .gpu-deps/
+# (git-ignored; ~7 MB) for the device tool to carry; benchmarks/gpu/check.sh unpacks them with
+# dpkg -x into build/gpu-deps-root when the machine has no oneDNN / GoogleTest of its own.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mkdir -p .gpu-deps
+cd .gpu-deps
+apt-get download libdnnl2 libdnnl-dev libgtest-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
+ls -la
