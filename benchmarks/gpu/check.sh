@@ -17,8 +17,9 @@
 #
 #   bash benchmarks/gpu/check.sh                 # all stages
 #   TD_GPU_ARCH=80 bash benchmarks/gpu/check.sh  # another architecture (default: the GPU's own)
+#   TD_GPU_SKIP_BUILD=1 bash benchmarks/gpu/check.sh  # rerun tests and benchmarks on the last build
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 ROOT=$(pwd)
 BUILD=${TD_GPU_BUILD:-build/gpu-check}
 OUT=${OUT:-$BUILD/out}
@@ -73,6 +74,12 @@ if [[ -z "$ARCH" ]]; then
 fi
 echo "CUDA architecture: sm_$ARCH"
 
+if [[ -n "${TD_GPU_SKIP_BUILD:-}" ]]; then
+  [[ -x "$BUILD/tests/td_cuda_tests" ]] || { fail "TD_GPU_SKIP_BUILD: no build in $BUILD"; exit 1; }
+  [[ -f "$BUILD/CMakeCache.txt" ]] && grep -q "TD_WITH_PYTHON:BOOL=ON" "$BUILD/CMakeCache.txt" ||
+    WITH_PYTHON=OFF
+  echo "reusing the build in $BUILD (python module: $WITH_PYTHON)"
+else
 stage "configure and build (CUDA, sm_$ARCH, $JOBS jobs)"
 PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]:-}")
 if ! timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -90,13 +97,15 @@ if ! timeout 330 cmake --build "$BUILD" -j "$JOBS" >"$OUT/build.log" 2>&1; then
   exit 1
 fi
 echo "built in $(($(date +%s) - T0)) s"
+fi
 
 stage "C++ CUDA tests (td_cuda_tests)"
 if ! timeout 180 "$BUILD/tests/td_cuda_tests" --gtest_output=json:"$OUT/td_cuda_tests.json" \
   >"$OUT/td_cuda_tests.log" 2>&1; then
   fail "td_cuda_tests"
 fi
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran|FAILED TEST" "$OUT/td_cuda_tests.log" | tail -40
+grep -E '^\[  PASSED  \]|^\[  SKIPPED \] [0-9]|^\[  FAILED  \]|tests? ran' "$OUT/td_cuda_tests.log" |
+  tail -40
 # The CPU-side CUDA runtime tests (allocator policy, stream/event round trips) live in td_tests.
 if ! timeout 60 "$BUILD/tests/td_tests" --gtest_filter='CudaRuntime*:CachingAllocator*' \
   >"$OUT/td_tests_cuda_runtime.log" 2>&1; then
