@@ -1,6 +1,8 @@
 #include "tardelli/ops/elementwise.h"
 
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "ops/elementwise_impl.h"
 #include "tardelli/autograd/function.h"
@@ -275,12 +277,31 @@ Tensor rpow(const Tensor& a, double base) {
   return out;
 }
 
+namespace {
+
+// A clamp bound in the element's arithmetic type. For integers a missing bound (+-inf) or one
+// beyond the type's range saturates: converting an out-of-range float to an integer is
+// undefined (x86 gives INT_MIN, which made clamp(int_tensor, 0, None) return INT_MIN).
+template <typename V>
+V clamp_bound(float b) {
+  if constexpr (std::is_integral_v<V>) {
+    if (b <= static_cast<float>(std::numeric_limits<V>::min()))
+      return std::numeric_limits<V>::min();
+    if (b >= static_cast<float>(std::numeric_limits<V>::max()))
+      return std::numeric_limits<V>::max();
+  }
+  return static_cast<V>(b);
+}
+
+}  // namespace
+
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   ops::check_defined(a, "clamp", "input");
   float l = lo ? static_cast<float>(*lo) : -INFINITY, h = hi ? static_cast<float>(*hi) : INFINITY;
   Tensor out = scalar_map("clamp", a, a.dtype(), {ops::Ew::Clamp, l, h}, [l, h](auto x) {
     using V = decltype(x);
-    return x < V(l) ? V(l) : (x > V(h) ? V(h) : x);
+    const V vl = clamp_bound<V>(l), vh = clamp_bound<V>(h);
+    return x < vl ? vl : (x > vh ? vh : x);
   });
   if (needs_grad({a})) {
     record("ClampBackward", {a}, {&out}, [a, l, h](const TensorList& g, const auto&) {

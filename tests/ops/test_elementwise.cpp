@@ -80,18 +80,19 @@ TEST(Elementwise, BroadcastGradients) {
 
 TEST(Elementwise, UnaryMathAndGradients) {
   Tensor x = add(rand({4, 5}), 0.25).set_requires_grad(true);
-  std::vector<std::pair<std::function<Tensor(const Tensor&)>, std::function<double(double)>>> ops = {
-      {[](auto& t) { return exp(t); }, [](double v) { return std::exp(v); }},
-      {[](auto& t) { return log(t); }, [](double v) { return std::log(v); }},
-      {[](auto& t) { return tanh(t); }, [](double v) { return std::tanh(v); }},
-      {[](auto& t) { return sqrt(t); }, [](double v) { return std::sqrt(v); }},
-      {[](auto& t) { return rsqrt(t); }, [](double v) { return 1 / std::sqrt(v); }},
-      {[](auto& t) { return sigmoid(t); }, [](double v) { return 1 / (1 + std::exp(-v)); }},
-      {[](auto& t) { return pow(t, 1.5); }, [](double v) { return std::pow(v, 1.5); }},
-      {[](auto& t) { return rpow(t, 2.0); }, [](double v) { return std::pow(2.0, v); }},
-      {[](auto& t) { return neg(t); }, [](double v) { return -v; }},
-      {[](auto& t) { return rdiv(t, 3.0); }, [](double v) { return 3.0 / v; }},
-  };
+  std::vector<std::pair<std::function<Tensor(const Tensor&)>, std::function<double(double)>>> ops =
+      {
+          {[](auto& t) { return exp(t); }, [](double v) { return std::exp(v); }},
+          {[](auto& t) { return log(t); }, [](double v) { return std::log(v); }},
+          {[](auto& t) { return tanh(t); }, [](double v) { return std::tanh(v); }},
+          {[](auto& t) { return sqrt(t); }, [](double v) { return std::sqrt(v); }},
+          {[](auto& t) { return rsqrt(t); }, [](double v) { return 1 / std::sqrt(v); }},
+          {[](auto& t) { return sigmoid(t); }, [](double v) { return 1 / (1 + std::exp(-v)); }},
+          {[](auto& t) { return pow(t, 1.5); }, [](double v) { return std::pow(v, 1.5); }},
+          {[](auto& t) { return rpow(t, 2.0); }, [](double v) { return std::pow(2.0, v); }},
+          {[](auto& t) { return neg(t); }, [](double v) { return -v; }},
+          {[](auto& t) { return rdiv(t, 3.0); }, [](double v) { return 3.0 / v; }},
+      };
   auto xv = to_vector<float>(x);
   for (auto& [f, ref] : ops) {
     auto got = to_vector<float>(f(x.transpose(0, 1)).transpose(0, 1).contiguous());
@@ -155,4 +156,18 @@ TEST(Elementwise, LargeParallelMatchesSerial) {
   auto av = to_vector<float>(a), bv = to_vector<float>(b);
   auto got = to_vector<float>(mul(add(a, b), b));
   for (size_t i = 0; i < got.size(); i += 997) ASSERT_EQ(got[i], (av[i] + bv[i]) * bv[i]);
+}
+
+// clamp on integer tensors with one bound missing (or a bound beyond the type's range) leaves
+// that side unbounded: the missing bound saturates to the type's limit instead of converting
+// +-inf to an integer (undefined; INT_MIN on x86, which turned every element into INT_MIN).
+TEST(Elementwise, IntegerClampWithOneBound) {
+  for (DType dt : {DType::Int32, DType::Int64}) {
+    Tensor x = from_vector<int64_t>({-7, -1, 0, 3, 100}, {5}).to(dt);
+    EXPECT_EQ(to_vector<int64_t>(clamp(x, 0.0, std::nullopt)),
+              (std::vector<int64_t>{0, 0, 0, 3, 100}));
+    EXPECT_EQ(to_vector<int64_t>(clamp(x, std::nullopt, 2.0)),
+              (std::vector<int64_t>{-7, -1, 0, 2, 2}));
+    EXPECT_EQ(to_vector<int64_t>(clamp(x, -1e30, 1e30)), (std::vector<int64_t>{-7, -1, 0, 3, 100}));
+  }
 }
