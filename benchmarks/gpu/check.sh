@@ -128,6 +128,15 @@ if [[ $WITH_PYTHON == ON ]]; then
     fi
   fi
   tail -15 "$OUT/pytest_cuda.log"
+
+  stage "training the demo-sized GPT on the GPU (python -m tardelli.train --device cuda)"
+  if ! PYTHONPATH=python timeout 120 $PY -m tardelli.train --device cuda --synthetic-data \
+    --vocab-size 4096 --layers 4 --d-model 256 --heads 4 --seq-len 256 --micro-batch-size 8 \
+    --steps 30 --warmup-steps 5 --log-interval 10 --eval-interval 0 --no-progress \
+    --metrics-file "$OUT/train_metrics.jsonl" >"$OUT/train.log" 2>&1; then
+    fail "training on the GPU"
+  fi
+  tail -6 "$OUT/train.log"
 fi
 
 stage "GPU benchmarks"

@@ -67,7 +67,12 @@ def corpus(tmp_path_factory):
      "--global-batch-size 6 is not a multiple of --micro-batch-size 8"),
     (["--synthetic-data", "--vocab-size", "64", "--split", "1,2"], "--split must be three"),
     (["--synthetic-data", "--vocab-size", "64", "--resume"], "--resume needs --save"),
-])
+    (["--synthetic-data", "--vocab-size", "64", "--device", "tpu"],
+     "--device: expected cpu, cuda or cuda:N"),
+] + ([] if td.cuda.is_available() else [
+    (["--synthetic-data", "--vocab-size", "64", "--device", "cuda"],
+     "--device cuda: no CUDA device is available"),
+]))
 def test_bad_config_values_are_rejected_with_the_key(args, message):
     # Property: each inconsistent configuration is refused before any work, naming the flag.
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("+", r"\+")):

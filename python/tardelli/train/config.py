@@ -48,6 +48,9 @@ class TrainConfig:
     eps: float = field(default=1e-8, metadata=dict(help="AdamW epsilon"))
     clip_grad: float = field(default=1.0, metadata=dict(help="gradient norm clip (0: off)"))
     seed: int = field(default=1337, metadata=dict(help="initialization, data order, dropout"))
+    device: str = field(default="cpu", metadata=dict(
+        help="cpu | cuda | cuda:N: where the model trains (a GPU: one process; batches are "
+             "prepared on the host and copied)"))
     # ---- data ----
     data: str = field(default="", metadata=dict(help="Megatron dataset prefix (PREFIX.idx/.bin)"))
     split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
@@ -197,6 +200,17 @@ def validate(cfg, dp_size=1):
         need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
              f"got {getattr(cfg, name)}")
     need(cfg.zero in (0, 1), f"--zero must be 0 or 1, got {cfg.zero}")
+    need(cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:"),
+         f"--device: expected cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.device != "cpu":
+        import tardelli as td
+        need(td.cuda.is_available(), f"--device {cfg.device}: no CUDA device is available "
+             f"(td.cuda.device_count() == 0; this build has the CUDA backend: "
+             f"{td.cuda.is_built()})")
+        need(dp_size == 1 and cfg.tp == 1 and cfg.pp == 1,
+             f"--device {cfg.device}: training on GPUs runs in one process for now (the NCCL "
+             f"communicator is not wired to the trainer); got dp {dp_size}, tp {cfg.tp}, "
+             f"pp {cfg.pp}")
     need(cfg.tp >= 1, f"--tp must be >= 1, got {cfg.tp}")
     need(not cfg.sequence_parallel or cfg.tp > 1,
          "--sequence-parallel needs tensor parallelism (--tp > 1)")

@@ -77,22 +77,42 @@ class Data:
 
     def train_loader(self, consumed_samples):
         if self.cfg.synthetic_data:
-            return SyntheticData(self.vocab_size, self.cfg.seq_len, self.cfg.seed,
-                                 self.cfg.micro_batch_size, self.dp_rank, self.dp_size,
-                                 consumed_samples)
-        return td.data.DataLoader(self.train, self.cfg.micro_batch_size, self.dp_rank,
-                                  self.dp_size, consumed_samples)
+            return self._on_device(SyntheticData(
+                self.vocab_size, self.cfg.seq_len, self.cfg.seed, self.cfg.micro_batch_size,
+                self.dp_rank, self.dp_size, consumed_samples))
+        return self._on_device(td.data.DataLoader(
+            self.train, self.cfg.micro_batch_size, self.dp_rank, self.dp_size,
+            consumed_samples))
+
+    def _on_device(self, loader):
+        return loader if self.cfg.device == "cpu" else DeviceLoader(loader, self.cfg.device)
 
     def valid_loader(self):
         """A fresh loader over the validation split from its start (every evaluation sees the
         same batches, so validation losses are comparable across steps); None if empty."""
         if self.cfg.synthetic_data:
-            return SyntheticData(self.vocab_size, self.cfg.seq_len, self.cfg.seed + 1,
-                                 self.cfg.micro_batch_size, self.dp_rank, self.dp_size)
+            return self._on_device(SyntheticData(
+                self.vocab_size, self.cfg.seq_len, self.cfg.seed + 1, self.cfg.micro_batch_size,
+                self.dp_rank, self.dp_size))
         if self.valid is None:
             return None
-        return td.data.DataLoader(self.valid, self.cfg.micro_batch_size, self.dp_rank,
-                                  self.dp_size, 0)
+        return self._on_device(td.data.DataLoader(
+            self.valid, self.cfg.micro_batch_size, self.dp_rank, self.dp_size, 0))
+
+
+class DeviceLoader:
+    """A loader whose (x, y) batches are copied to `device`: the data pipeline stays on the
+    host. Everything else (consumed_samples, ...) is the wrapped loader's."""
+
+    def __init__(self, loader, device):
+        self._loader, self._device = loader, device
+
+    def next(self):
+        x, y = self._loader.next()
+        return x.to(self._device), y.to(self._device)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
 
 
 def model_config(cfg, vocab_size):
@@ -111,16 +131,21 @@ def schedule(cfg):
     return lambda s: fn(s, cfg.warmup_steps, cfg.steps, cfg.lr, cfg.min_lr_value)
 
 
-def gemm_peak_flops(dtype, n=1024, reps=5):
+def gemm_peak_flops(dtype, device="cpu", n=None, reps=5):
     """The best GEMM rate of this library on this machine for `dtype` (FLOP/s): the
-    denominator of MFU, measured once at start-up."""
-    a = td.randn(n, n).to(dtype)
-    b = td.randn(n, n).to(dtype)
+    denominator of MFU, measured once at start-up (on a GPU: 4096^3, synchronized)."""
+    gpu = device != "cpu"
+    n = n or (4096 if gpu else 1024)
+    a = td.randn(n, n).to(dtype).to(device)
+    b = td.randn(n, n).to(dtype).to(device)
+    sync = td.cuda.synchronize if gpu else (lambda: None)
     td.matmul(a, b)
+    sync()
     best = math.inf
     for _ in range(reps):
         t0 = time.perf_counter()
         td.matmul(a, b)
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
 
@@ -216,6 +241,8 @@ def train(cfg, world=None, out=print):
                         make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
     for ch in chunks:
         ch.train()
+        if cfg.device != "cpu":
+            ch.to(cfg.device)
     model = chunks[0]
     named = [(n, p) for ch in chunks for n, p in ch.named_parameters()]
     groups = [{"params": [p for ch in chunks for p in ch.param_groups(cfg.weight_decay)[i]
@@ -268,7 +295,8 @@ def train(cfg, world=None, out=print):
         if cfg.arch == "gpt2":
             n_params -= mcfg.vocab_size * mcfg.d_model
     peak = gemm_peak_flops({"fp32": td.float32, "bf16": td.bfloat16,
-                            "fp16": td.float16}[cfg.dtype]) * size
+                            "fp16": td.float16}[cfg.dtype], cfg.device) * size
+    mem_device = td.device(cfg.device)
     if is_main:
         out(f"train: {cfg.arch} {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
             f"vocab {data.vocab_size}, {n_params / 1e6:.2f}M parameters, {cfg.dtype}; "
@@ -292,7 +320,7 @@ def train(cfg, world=None, out=print):
             lr = lr_at(step)
             for g in opt.param_groups:
                 g["lr"] = lr
-            td.reset_peak_memory_stats()
+            td.reset_peak_memory_stats(mem_device)
             t0 = time.perf_counter()
             if ddp is not None:
                 ddp.zero_grad()
@@ -327,13 +355,15 @@ def train(cfg, world=None, out=print):
             opt.step()
             if ddp is None:
                 opt.zero_grad(set_to_none=True)
+            if mem_device.type == "cuda":
+                td.cuda.synchronize()  # the step's time includes its queued GPU work
             dt = time.perf_counter() - t0
             t_train += dt
             step += 1
             rec = {"step": step, "loss": _mean_over_ranks(loss_sum / accum, world), "lr": lr,
                    "grad_norm": grad_norm, "tokens_per_s": global_batch * cfg.seq_len / dt,
                    "mfu": flops_per_step / dt / peak,
-                   "mem_bytes": td.memory_stats()["peak_bytes"]}
+                   "mem_bytes": td.memory_stats(mem_device)["peak_bytes"]}
             if not math.isfinite(rec["loss"]):
                 raise RuntimeError(f"train: the loss is {rec['loss']} at step {step} "
                                    "(diverged; lower --lr or use --clip-grad)")
