@@ -52,7 +52,13 @@ if [[ -d .gpu-deps ]] && ls .gpu-deps/*.deb >/dev/null 2>&1; then
   DEPS_ROOT=$ROOT/build/gpu-deps-root
   if [[ ! -f /usr/include/dnnl.hpp || ! -f /usr/include/gtest/gtest.h ]]; then
     mkdir -p "$DEPS_ROOT"
-    for f in .gpu-deps/*.deb; do dpkg -x "$f" "$DEPS_ROOT"; done
+    for f in .gpu-deps/*.deb; do
+      if command -v dpkg >/dev/null 2>&1; then
+        dpkg -x "$f" "$DEPS_ROOT"
+      else  # a .deb is an ar archive holding data.tar.*
+        (cd "$DEPS_ROOT" && ar x "$ROOT/$f" && tar -xf data.tar.* && rm -f data.tar.* control.tar.* debian-binary)
+      fi
+    done
     PREFIXES+=("$DEPS_ROOT/usr")
     export LD_LIBRARY_PATH="$DEPS_ROOT/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "unpacked $(ls .gpu-deps/*.deb | wc -l) packages from .gpu-deps into $DEPS_ROOT"
