@@ -42,7 +42,7 @@ if [[ -n "${summary}" ]]; then
   n_failed="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"${summary}")"
   n_total="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"${summary}")"
   # Skipped tests (the CUDA suites without a GPU) count as neither passed nor failed.
-  n_skipped="$(grep -cE '^ *[0-9]+ - .*\(Skipped\)$' "${log}" || true)"
+  n_skipped="$(grep -cE '^[[:space:]]*[0-9]+ - .*\(Skipped\)$' "${log}" || true)"
   passed=$((passed + n_total - n_failed - n_skipped))
   failed=$((failed + n_failed))
   skipped=$((skipped + n_skipped))
