@@ -163,5 +163,18 @@ stage "summary"
 $PY benchmarks/gpu/summarize.py --bench "$BENCH" --machine "$OUT/machine.txt" \
   --gtest "$OUT/td_cuda_tests.json" --pytest "$OUT/pytest_cuda.log" --failures "$OUT/failures.txt" |
   tee "$OUT/summary.md"
-echo "total $(($(date +%s) - T0)) s; logs in $OUT"
+# Few files in $OUT (the device tool brings back at most 8): the table, the raw JSON lines, the
+# machine, the failures and the test report stay loose; every other log goes into one archive.
+(
+  cd "$OUT" || exit
+  logs=()
+  for f in *; do
+    case $f in
+      summary.md | bench.jsonl | machine.txt | failures.txt | td_cuda_tests.json | logs.tar.gz) ;;
+      *) [[ -f $f ]] && logs+=("$f") ;;
+    esac
+  done
+  if ((${#logs[@]})); then tar czf logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}"; fi
+)
+echo "total $(($(date +%s) - T0)) s; results in $OUT (other logs in $OUT/logs.tar.gz)"
 exit $STATUS
