@@ -16,40 +16,6 @@ size_t align_up(size_t x) {
 }
 
 template <typename IndexT>
-__global__ void find_bad_index_kernel(const IndexT* __restrict__ indices, int64_t n, int64_t num,
-                                      unsigned long long* flag) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const int64_t v = static_cast<int64_t>(indices[i]);
-    // The minimum does not depend on the order of the atomics: the first bad position wins.
-    if (v < 0 || v >= num) atomicMin(flag, static_cast<unsigned long long>(i));
-  }
-}
-
-// U: the copy unit (1 to 16 bytes); a row is units_per_row units.
-template <typename U, typename IndexT>
-__global__ void gather_rows_kernel(const U* __restrict__ weight, const IndexT* __restrict__ indices,
-                                   U* __restrict__ out, int64_t n, int64_t units_per_row) {
-  const int64_t total = n * units_per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total;
-       u += stride) {
-    const int64_t row = u / units_per_row, col = u - row * units_per_row;
-    out[u] = weight[static_cast<int64_t>(indices[row]) * units_per_row + col];
-  }
-}
-
-template <typename U, typename IndexT>
-void launch_gather(const void* weight, const IndexT* indices, void* out, int64_t n,
-                   int64_t row_bytes, cudaStream_t stream) {
-  const int64_t upr = row_bytes / static_cast<int64_t>(sizeof(U));
-  gather_rows_kernel<U, IndexT><<<grid_for(n * upr, kThreads), kThreads, 0, stream>>>(
-      static_cast<const U*>(weight), indices, static_cast<U*>(out), n, upr);
-  TD_CUDA_LAUNCH_CHECK();
-}
-
-template <typename IndexT>
 __global__ void prepare_pairs_kernel(const IndexT* __restrict__ indices, int64_t n,
                                      int64_t* __restrict__ keys, int64_t* __restrict__ positions) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -127,49 +93,6 @@ size_t sort_temp_bytes(int64_t n, int64_t num) {
 }  // namespace
 
 template <typename IndexT>
-BadIndex embedding_find_bad_index(const IndexT* indices, int64_t n, int64_t num_embeddings,
-                                  unsigned long long* flag, cudaStream_t stream) {
-  BadIndex bad;
-  if (n == 0) return bad;
-  TD_CUDA_CHECK(cudaMemsetAsync(flag, 0xFF, sizeof(unsigned long long), stream));
-  find_bad_index_kernel<IndexT>
-      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(indices, n, num_embeddings, flag);
-  TD_CUDA_LAUNCH_CHECK();
-  unsigned long long first = 0;
-  TD_CUDA_CHECK(cudaMemcpyAsync(&first, flag, sizeof(first), cudaMemcpyDeviceToHost, stream));
-  TD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (first == ~0ULL) return bad;
-  IndexT value{};
-  TD_CUDA_CHECK(
-      cudaMemcpyAsync(&value, indices + first, sizeof(IndexT), cudaMemcpyDeviceToHost, stream));
-  TD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  bad.position = static_cast<int64_t>(first);
-  bad.value = static_cast<int64_t>(value);
-  return bad;
-}
-
-template <typename IndexT>
-void embedding_forward(const void* weight, const IndexT* indices, void* out, int64_t n,
-                       int64_t row_bytes, cudaStream_t stream) {
-  if (n == 0 || row_bytes == 0) return;
-  auto fits = [&](int64_t unit) {
-    return row_bytes % unit == 0 && reinterpret_cast<uintptr_t>(weight) % unit == 0 &&
-           reinterpret_cast<uintptr_t>(out) % unit == 0;
-  };
-  if (fits(16)) {
-    launch_gather<uint4, IndexT>(weight, indices, out, n, row_bytes, stream);
-  } else if (fits(8)) {
-    launch_gather<uint2, IndexT>(weight, indices, out, n, row_bytes, stream);
-  } else if (fits(4)) {
-    launch_gather<uint32_t, IndexT>(weight, indices, out, n, row_bytes, stream);
-  } else if (fits(2)) {
-    launch_gather<uint16_t, IndexT>(weight, indices, out, n, row_bytes, stream);
-  } else {
-    launch_gather<uint8_t, IndexT>(weight, indices, out, n, row_bytes, stream);
-  }
-}
-
-template <typename IndexT>
 size_t embedding_backward_scratch_bytes(int64_t n, int64_t num_embeddings) {
   const size_t pairs = align_up(static_cast<size_t>(n) * sizeof(int64_t));
   const size_t starts = align_up(static_cast<size_t>(num_embeddings + 1) * sizeof(int64_t));
@@ -213,12 +136,7 @@ void embedding_backward(const T* grad, const IndexT* indices, T* grad_weight, in
   TD_CUDA_LAUNCH_CHECK();
 }
 
-#define TD_EMBEDDING_INDEX(I)                                                                    \
-  template BadIndex embedding_find_bad_index<I>(const I*, int64_t, int64_t, unsigned long long*, \
-                                                cudaStream_t);                                   \
-  template void embedding_forward<I>(const void*, const I*, void*, int64_t, int64_t,             \
-                                     cudaStream_t);                                              \
-  template size_t embedding_backward_scratch_bytes<I>(int64_t, int64_t);
+#define TD_EMBEDDING_INDEX(I) template size_t embedding_backward_scratch_bytes<I>(int64_t, int64_t);
 TD_EMBEDDING_INDEX(int32_t)
 TD_EMBEDDING_INDEX(int64_t)
 

@@ -1,5 +1,5 @@
 #pragma once
-// Embedding lookup and its deterministic backward (src/ops/embedding.cpp is the specification).
+// The deterministic backward of the embedding lookup (src/ops/embedding.cpp is the specification).
 //
 // Note [CUDA embedding backward]: the CPU backend buckets positions by vocab row with a stable
 // counting sort and sums each row's gradient rows in position order in fp32. Here the
@@ -16,23 +16,8 @@
 
 namespace td::kernels {
 
-// The first position i in [0, n) whose index is outside [0, num_embeddings), and its value;
-// position -1 when every index is valid. `flag` is 8 bytes of device scratch. Synchronizes
-// with `stream` (the answer is read back to the host).
-struct BadIndex {
-  int64_t position = -1;
-  int64_t value = 0;
-};
-template <typename IndexT>
-BadIndex embedding_find_bad_index(const IndexT* indices, int64_t n, int64_t num_embeddings,
-                                  unsigned long long* flag, cudaStream_t stream);
-
-// out[i, :] = weight[indices[i], :] for i in [0, n): rows of row_bytes bytes, copied with the
-// widest loads (up to 16 bytes) that row_bytes and the pointers' alignment allow. Indices must
-// be valid (embedding_find_bad_index).
-template <typename IndexT>
-void embedding_forward(const void* weight, const IndexT* indices, void* out, int64_t n,
-                       int64_t row_bytes, cudaStream_t stream);
+// The forward lookup and the index validation are index_select along dim 0 and
+// find_bad_index (kernels/indexing/indexing.cuh): the same row gather and the same check.
 
 // Device scratch (bytes) that embedding_backward needs for n indices and num_embeddings rows.
 template <typename IndexT>

@@ -28,4 +28,16 @@ inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
            " and ", describe(b));
 }
 
+// The sizes of a tensor of shape s as [outer, s[dim], inner] (index_select, index_add).
+struct Split3 {
+  int64_t outer = 1, mid = 1, inner = 1;
+};
+inline Split3 split3(const Shape& s, int64_t dim) {
+  Split3 r;
+  for (int64_t i = 0; i < dim; ++i) r.outer *= s[i];
+  r.mid = s[dim];
+  for (size_t i = static_cast<size_t>(dim) + 1; i < s.size(); ++i) r.inner *= s[i];
+  return r;
+}
+
 }  // namespace td::ops

@@ -17,6 +17,8 @@ namespace td {
 
 using autograd::needs_grad;
 using autograd::record;
+using ops::split3;
+using ops::Split3;
 
 namespace {
 
@@ -79,18 +81,6 @@ std::vector<int64_t> checked_index(const Tensor& index, int64_t n, int64_t dim, 
     TD_CHECK(v >= 0 && v < n, op, ": index ", v, " is out of range for dim ", dim, " of size ", n);
   }
   return idx;
-}
-
-// Sizes of x as [outer, size(dim), inner].
-struct Split3 {
-  int64_t outer = 1, mid = 1, inner = 1;
-};
-Split3 split3(const Shape& s, int64_t dim) {
-  Split3 r;
-  for (int64_t i = 0; i < dim; ++i) r.outer *= s[i];
-  r.mid = s[dim];
-  for (size_t i = dim + 1; i < s.size(); ++i) r.inner *= s[i];
-  return r;
 }
 
 // out[o, idx[i], c] += src[o, i, c], deterministically: the flat (o, c) range is split across

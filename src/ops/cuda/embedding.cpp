@@ -4,6 +4,7 @@
 #include "ops/cuda/embedding.h"
 
 #include "embedding/embedding.cuh"
+#include "indexing/indexing.cuh"
 #include "ops/cuda/launch.h"
 
 namespace td::cuda_ops {
@@ -27,12 +28,12 @@ decltype(auto) dispatch_index(const Tensor& indices, const char* op, F&& f) {
 void check_indices(const char* op, const Tensor& idx, int64_t num_embeddings) {
   if (idx.numel() == 0) return;
   Tensor flag = scratch_bytes(idx, sizeof(unsigned long long));
-  kernels::BadIndex bad = dispatch_index(idx, op, [&]<typename I>() {
-    return kernels::embedding_find_bad_index<I>(
-        idx.data_ptr<I>(), idx.numel(), num_embeddings,
-        reinterpret_cast<unsigned long long*>(flag.data_ptr()), stream_of(idx));
+  int64_t bad_value = 0;
+  const int64_t position = dispatch_index(idx, op, [&]<typename I>() {
+    return kernels::find_bad_index<I>(idx.data_ptr<I>(), idx.numel(), num_embeddings,
+                                      flag.data_ptr(), &bad_value, stream_of(idx));
   });
-  TD_CHECK(bad.position < 0, op, ": index ", bad.value, " at position ", bad.position,
+  TD_CHECK(position < 0, op, ": index ", bad_value, " at position ", position,
            " is out of range for num_embeddings ", num_embeddings, " (valid: 0..",
            num_embeddings - 1, ")");
 }
@@ -51,10 +52,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   out_shape.push_back(D);
   Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
   if (n == 0 || D == 0) return out;
-  const int64_t row_bytes = D * static_cast<int64_t>(w.element_size());
+  // out[i, :] = w[idx[i], :]: index_select along dim 0 of the [V, D] table.
   dispatch_index(idx, op, [&]<typename I>() {
-    kernels::embedding_forward<I>(w.data_ptr(), idx.data_ptr<I>(), out.data_ptr(), n, row_bytes,
-                                  stream_of(w));
+    kernels::index_select<I>(w.data_ptr(), out.data_ptr(), idx.data_ptr<I>(), 1, V, n, D,
+                             w.element_size(), stream_of(w));
   });
   return out;
 }

@@ -7,17 +7,8 @@
 namespace td::cuda_ops {
 namespace {
 
-// Sizes of x as [outer, size(dim), inner].
-struct Split3 {
-  int64_t outer = 1, mid = 1, inner = 1;
-};
-Split3 split3(const Shape& s, int64_t dim) {
-  Split3 r;
-  for (int64_t i = 0; i < dim; ++i) r.outer *= s[i];
-  r.mid = s[dim];
-  for (size_t i = dim + 1; i < s.size(); ++i) r.inner *= s[i];
-  return r;
-}
+using ops::split3;
+using ops::Split3;
 
 // The index, contiguous, after the CPU backend's checks; its values are checked on the device
 // (one small read-back) so a bad one is a td::Error naming the op, the value and the dim.
