@@ -4,6 +4,7 @@
 
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/transpose.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/ops/factory.h"
@@ -51,10 +52,12 @@ void copy_into(const Tensor& dst, const Tensor& src) {
       const char* s = static_cast<const char*>(src.data_ptr());
       char* d = static_cast<char*>(dst.data_ptr());
       int64_t nb = static_cast<int64_t>(dst.nbytes());
-      cpu::parallel_for(nb, 1 << 20, [&](int64_t b, int64_t e) { std::memcpy(d + b, s + b, e - b); });
+      cpu::parallel_for(nb, 1 << 20,
+                        [&](int64_t b, int64_t e) { std::memcpy(d + b, s + b, e - b); });
     }
     return;
   }
+  if (cpu::transpose_copy(dst, src)) return;  // Note [Transposed copies]
   TD_DISPATCH_ALL(dst.dtype(), "copy_", [&]<typename TD>() {
     TD_DISPATCH_ALL(src.dtype(), "copy_", [&]<typename TS>() {
       cpu::map<TD, TS>(dst, [](acc_t<TS> v) { return static_cast<acc_t<TD>>(v); }, {src});
@@ -68,10 +71,10 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   Tensor out = Tensor::empty(t.sizes(), dtype, t.device());
   copy_into(out, t);
   if (is_floating(dtype) && autograd::needs_grad({t})) {
-    autograd::record("ToCopyBackward", {t}, {&out}, [src = t.dtype()](const TensorList& g,
-                                                                     const auto&) {
-      return TensorList{to_dtype(g[0], src)};
-    });
+    autograd::record("ToCopyBackward", {t}, {&out},
+                     [src = t.dtype()](const TensorList& g, const auto&) {
+                       return TensorList{to_dtype(g[0], src)};
+                     });
   }
   return out;
 }
@@ -85,10 +88,10 @@ Tensor to_device(const Tensor& t, Device device) {
   Tensor out = Tensor::empty(t.sizes(), t.dtype(), device);
   copy_into(out, t);
   if (is_floating(t.dtype()) && autograd::needs_grad({t})) {
-    autograd::record("ToCopyBackward", {t}, {&out}, [src = t.device()](const TensorList& g,
-                                                                      const auto&) {
-      return TensorList{to_device(g[0], src)};
-    });
+    autograd::record("ToCopyBackward", {t}, {&out},
+                     [src = t.device()](const TensorList& g, const auto&) {
+                       return TensorList{to_device(g[0], src)};
+                     });
   }
   return out;
 }
@@ -98,9 +101,8 @@ Tensor clone(const Tensor& t) {
   Tensor out = Tensor::empty(t.sizes(), t.dtype(), t.device());
   copy_into(out, t);
   if (autograd::needs_grad({t})) {
-    autograd::record("CloneBackward", {t}, {&out}, [](const TensorList& g, const auto&) {
-      return TensorList{g[0]};
-    });
+    autograd::record("CloneBackward", {t}, {&out},
+                     [](const TensorList& g, const auto&) { return TensorList{g[0]}; });
   }
   return out;
 }

@@ -1,0 +1,142 @@
+#include "ops/cpu/transpose.h"
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "ops/cpu/loops.h"
+
+namespace td::cpu {
+
+namespace {
+
+constexpr int64_t kTile = 8;         // the register tile, in elements per side
+constexpr int64_t kBlock = 64;       // rows and columns per work unit (a few KiB of each side)
+constexpr int64_t kMinElems = 4096;  // below this the generic copy is as fast
+
+// One 2-D problem: D[r * ldd + c] = S[r + c * lds] for r < R, c < C (element units).
+struct Plane {
+  int64_t R, C, lds, ldd;
+};
+
+template <typename T>
+void tile_scalar(const T* s, int64_t lds, T* d, int64_t ldd, int64_t rn, int64_t cn) {
+  for (int64_t r = 0; r < rn; ++r) {
+    for (int64_t c = 0; c < cn; ++c) d[r * ldd + c] = s[r + c * lds];
+  }
+}
+
+// 8 x 8 transpose of 4-byte elements in AVX2 registers: rows c of the source (8 consecutive r
+// each) become rows r of the destination (8 consecutive c each). Integer shuffles only, so the
+// bits (NaN payloads included) move unchanged.
+inline void tile8x8_b32(const uint32_t* s, int64_t lds, uint32_t* d, int64_t ldd) {
+  __m256i v[8], t[8];
+  for (int i = 0; i < 8; ++i)
+    v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i * lds));
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    v[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    v[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    v[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    v[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // v[0..3] hold columns 0..3 of rows 0-3 (low lane) and 4-7 (high lane) of source rows 0-3;
+  // v[4..7] the same for source rows 4-7. Join the lanes.
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2x128_si256(v[i], v[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2x128_si256(v[i], v[i + 4], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i * ldd), t[i]);
+}
+
+template <typename T>
+void block(const T* s, T* d, const Plane& p, int64_t r0, int64_t c0) {
+  const int64_t r1 = std::min(p.R, r0 + kBlock), c1 = std::min(p.C, c0 + kBlock);
+  const int64_t rf = r0 + (r1 - r0) / kTile * kTile, cf = c0 + (c1 - c0) / kTile * kTile;
+  for (int64_t c = c0; c < cf; c += kTile) {
+    for (int64_t r = r0; r < rf; r += kTile) {
+      const T* st = s + r + c * p.lds;
+      T* dt = d + r * p.ldd + c;
+      if constexpr (sizeof(T) == 4) {
+        tile8x8_b32(st, p.lds, dt, p.ldd);
+      } else {
+        tile_scalar(st, p.lds, dt, p.ldd, kTile, kTile);
+      }
+    }
+    if (rf < r1) tile_scalar(s + rf + c * p.lds, p.lds, d + rf * p.ldd + c, p.ldd, r1 - rf, kTile);
+  }
+  if (cf < c1)
+    tile_scalar(s + r0 + cf * p.lds, p.lds, d + r0 * p.ldd + cf, p.ldd, r1 - r0, c1 - cf);
+}
+
+template <typename T>
+void run(const Tensor& dst, const Tensor& src, int p) {
+  const int nd = static_cast<int>(dst.dim()), q = nd - 1;
+  const Plane pl{dst.size(p), dst.size(q), src.stride(q), dst.stride(p)};
+  // The remaining dims are a batch of planes.
+  int bdims[kMaxDims];
+  int nb = 0;
+  int64_t batch = 1;
+  for (int i = 0; i < nd; ++i) {
+    if (i == p || i == q) continue;
+    bdims[nb++] = i;
+    batch *= dst.size(i);
+  }
+  const int64_t rb = (pl.R + kBlock - 1) / kBlock, cb = (pl.C + kBlock - 1) / kBlock;
+  const T* s0 = static_cast<const T*>(src.data_ptr());
+  T* d0 = static_cast<T*>(dst.data_ptr());
+  const int64_t units = batch * rb * cb;
+  parallel_for(units, kGrain / (kBlock * kBlock), [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      int64_t rest = u / (rb * cb);
+      const int64_t within = u % (rb * cb);
+      int64_t so = 0, dof = 0;
+      for (int k = nb - 1; k >= 0; --k) {
+        const int i = bdims[k];
+        const int64_t idx = rest % dst.size(i);
+        rest /= dst.size(i);
+        so += idx * src.stride(i);
+        dof += idx * dst.stride(i);
+      }
+      block(s0 + so, d0 + dof, pl, (within / cb) * kBlock, (within % cb) * kBlock);
+    }
+  });
+}
+
+}  // namespace
+
+bool transpose_copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.sizes() != src.sizes() || dst.dim() < 2 ||
+      dst.dim() > kMaxDims || dst.numel() < kMinElems)
+    return false;
+  const int nd = static_cast<int>(dst.dim()), q = nd - 1;
+  if (dst.stride(q) != 1 || src.stride(q) == 1 || dst.size(q) < kTile) return false;
+  int p = -1;
+  for (int i = 0; i < q; ++i) {
+    if (src.size(i) > 1 && src.stride(i) == 1) p = i;
+    if (src.size(i) > 1 && src.stride(i) == 0) return false;  // broadcast: not a transposition
+  }
+  if (p < 0 || dst.size(p) < kTile) return false;
+  switch (dst.element_size()) {
+    case 1:
+      run<uint8_t>(dst, src, p);
+      return true;
+    case 2:
+      run<uint16_t>(dst, src, p);
+      return true;
+    case 4:
+      run<uint32_t>(dst, src, p);
+      return true;
+    case 8:
+      run<uint64_t>(dst, src, p);
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace td::cpu
