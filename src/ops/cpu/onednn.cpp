@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "tardelli/ops/copy.h"
+#include "tardelli/ops/view.h"
 
 namespace td::cpu {
 
@@ -36,6 +37,9 @@ std::atomic<int64_t> g_created{0};
 // at once, so entries are shared_ptrs handed out under the lock and run outside it.
 struct Entry {
   std::shared_ptr<dnnl::matmul> prim;  // null: oneDNN only had its reference implementation
+  // Note [Operand layouts for sgemm]: operands to copy into the other inner layout first.
+  bool repack_a = false;  // a column-major: copy it row-major
+  bool repack_b = false;  // b row-major: copy it column-major
 };
 
 using Key = std::vector<int64_t>;
@@ -155,24 +159,90 @@ Tensor dense(const Tensor& t) {
   return c;
 }
 
-std::shared_ptr<dnnl::matmul> create(const Operand& a, const Operand& b, bool has_bias,
-                                     const memory::dims& out_dims, memory::data_type dt) {
+dnnl::matmul::primitive_desc describe_matmul(const Operand& a, const Operand& b, bool has_bias,
+                                             const memory::dims& out_dims, memory::data_type dt) {
   memory::desc a_md(a.dims, dt, a.strides);
   memory::desc b_md(b.dims, dt, b.strides);
   memory::desc c_md = dense_md(out_dims, dt);
-  dnnl::matmul::primitive_desc pd;
   if (has_bias) {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md(out_dims, dt), c_md),
-                                      onednn_engine());
-  } else {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), onednn_engine());
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md(out_dims, dt), c_md),
+                                        onednn_engine());
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), onednn_engine());
+}
+
+// The operand with its inner matrix stored the other way (row-major <-> column-major).
+Operand repacked(const Operand& op) {
+  Operand r = op;
+  const size_t nd = op.dims.size();
+  const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
+  const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
+  r.strides[nd - 2] = row_major ? 1 : C;
+  r.strides[nd - 1] = row_major ? R : 1;
+  for (size_t d = 0; d + 2 < nd; ++d) r.strides[d] = R * C;  // batch dims are all 1 here
+  return r;
+}
+
+// Note [Operand layouts for sgemm]: oneDNN 2.6's fp32 GEMM on AVX2 CPUs ("gemm:jit", no brgemm
+// below AVX-512) is up to 2x slower for some operand layouts, and the weight gradient of every
+// linear layer, dW = dY^T X, hits them: both operands are stored [tokens, features], so the
+// contraction runs along the slow dim of both. Measured on the 2-core Zen 3 machine (2 threads,
+// GFLOP/s, N = row-major, T = column-major, A then B):
+//   M x K x N              NN    TN    NT
+//   1024 x 2048 x 256     125    61   120     (c_fc's dW: A = dY^T is column-major)
+//   256 x 2048 x 1024      74    71   119     (mlp.c_proj's dW)
+//   256 x 512 x 8192       73    53   104
+//   8192 x 512 x 256      131    64   144     (a chunk of the LM head's dW)
+// So a column-major A with a long contraction is copied row-major first, and a row-major B is
+// copied column-major when M is small and K and N are long. The copies are blocked transposes
+// (Note [Transposed copies], ~10-20 GB/s): a few percent of the product they speed up, which
+// the size thresholds guarantee (each copied element feeds at least 128 multiply-adds). The
+// rule applies only to that implementation and fp32, single matrices; other ISAs (brgemm) and
+// dtypes keep their layouts.
+void choose_repacking(Entry& e, const dnnl::matmul::primitive_desc& pd, const Operand& a,
+                      const Operand& b, memory::data_type dt) {
+  if (dt != memory::data_type::f32 || std::string(pd.impl_info_str()) != "gemm:jit") return;
+  const size_t nd = a.dims.size();
+  for (size_t d = 0; d + 2 < nd; ++d) {
+    if (a.dims[d] != 1 || b.dims[d] != 1) return;
+  }
+  const int64_t M = a.dims[nd - 2], K = a.dims[nd - 1], N = b.dims[nd - 1];
+  const bool a_col = a.strides[nd - 2] == 1 && a.strides[nd - 1] != 1 && M > 1;
+  const bool b_row = b.strides[nd - 1] == 1 && b.strides[nd - 2] != 1 && K > 1;
+  e.repack_a = a_col && K >= 256 && M >= 64 && N >= 128;
+  e.repack_b = b_row && M >= 64 && M <= 256 && K >= 512 && N >= 512;
+}
+
+Entry create(const Operand& a, const Operand& b, bool has_bias, const memory::dims& out_dims,
+             memory::data_type dt) {
+  Entry e;
+  dnnl::matmul::primitive_desc pd = describe_matmul(a, b, has_bias, out_dims, dt);
+  choose_repacking(e, pd, a, b, dt);
+  if (e.repack_a || e.repack_b) {
+    pd = describe_matmul(e.repack_a ? repacked(a) : a, e.repack_b ? repacked(b) : b, has_bias,
+                         out_dims, dt);
   }
   // Note [Reference matmul]: oneDNN answers every layout with at least "ref:any", a naive
   // loop nest orders of magnitude slower than its GEMM. Such layouts are copied to contiguous
   // by the caller instead; the null entry caches that decision.
-  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return e;
   ++g_created;
-  return std::make_shared<dnnl::matmul>(pd);
+  e.prim = std::make_shared<dnnl::matmul>(pd);
+  return e;
+}
+
+// A copy of t (inner matrix [R, C]) stored in the operand layout `op` describes (not recorded
+// by autograd): row-major is a dense copy, column-major a dense copy of the transpose.
+Tensor repack(const Tensor& t, const Operand& op) {
+  const size_t nd = op.dims.size();
+  if (op.strides[nd - 1] == 1) return dense(t);
+  Shape sz = t.sizes(), st = t.strides();
+  std::swap(sz[nd - 1], sz[nd - 2]);
+  std::swap(st[nd - 1], st[nd - 2]);
+  Tensor packed = dense(as_strided(t, sz, st, t.storage_offset()));  // [.., C, R] contiguous
+  Shape ps = packed.strides();
+  std::swap(ps[nd - 1], ps[nd - 2]);
+  return as_strided(packed, t.sizes(), ps, 0);
 }
 
 }  // namespace
@@ -256,7 +326,7 @@ void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const T
   std::optional<Entry> e = cache().find(key);
   if (!e) {
     try {
-      e = Entry{create(ao, bo, bias.defined(), od, dt)};
+      e = create(ao, bo, bias.defined(), od, dt);
     } catch (const dnnl::error& err) {
       TD_ERROR("matmul: oneDNN could not create a primitive for ", describe(a), " @ ", describe(b),
                ": ", err.what());
@@ -269,9 +339,18 @@ void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const T
     return onednn_matmul(a.is_contiguous() ? a : dense(a), b.is_contiguous() ? b : dense(b), bias,
                          out);
   }
+  Tensor ap = a, bp = b;  // Note [Operand layouts for sgemm]
+  if (e->repack_a) {
+    ao = repacked(ao);
+    ap = repack(a, ao);
+  }
+  if (e->repack_b) {
+    bo = repacked(bo);
+    bp = repack(b, bo);
+  }
   dnnl::engine& eng = onednn_engine();
-  memory am(memory::desc(ao.dims, dt, ao.strides), eng, a.data_ptr());
-  memory bm(memory::desc(bo.dims, dt, bo.strides), eng, b.data_ptr());
+  memory am(memory::desc(ao.dims, dt, ao.strides), eng, ap.data_ptr());
+  memory bm(memory::desc(bo.dims, dt, bo.strides), eng, bp.data_ptr());
   memory cm(dense_md(od, dt), eng, out.data_ptr());
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
