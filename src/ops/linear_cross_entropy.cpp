@@ -12,10 +12,18 @@
 
 // Note [Chunked LM head]: in a small-vocabulary-heavy model the [tokens, V] logits and their
 // gradient are the largest activations of a train step (GPT-2 at B*T = 2048, V = 8192: 64 MiB
-// each in fp32). Chunking the rows bounds them by chunk_elems; the price is recomputing each
-// chunk's logits in backward. The chunk loss is a Sum so that the mean over all non-ignored rows
-// is exact whatever the chunking. On CUDA the same code runs on device tensors (the GEMMs and
-// the fused cross-entropy kernels); only each chunk's summed loss comes back to the host.
+// each in fp32). Rows are processed in chunks of at most chunk_elems logits, so neither is ever
+// held whole. When a gradient will be needed the forward pass computes it too, chunk by chunk,
+// while the chunk's logits exist (the "fused linear cross-entropy" of Liger and similar): the
+// gradient of the summed loss with respect to the chunk's logits is softmax - onehot, so
+// d x_chunk = dl @ W and d W += dl^T @ x_chunk are formed at once and the logits are dropped. The
+// forward keeps only d x [N, d] and d W [V, d] (fp32) for backward, which scales them by
+// grad / count. Against recomputing each chunk's logits in backward this saves one [N, d] x
+// [d, V] GEMM (a sixth of the head's work) and the second softmax pass; the cost is that a
+// forward under grad mode whose backward never runs has done the gradient work for nothing.
+// The chunk loss is a Sum so that the mean over all non-ignored rows is exact whatever the
+// chunking. On CUDA the same code runs on device tensors (the GEMMs and the fused cross-entropy
+// kernels); only each chunk's summed loss comes back to the host.
 
 namespace td {
 
@@ -48,56 +56,66 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   ops::check_same_device(x, target, op);
   const int64_t N = x.size(0), V = weight.size(0);
   const int64_t rows = std::max<int64_t>(1, chunk_elems / std::max<int64_t>(V, 1));
+  const bool grad = autograd::needs_grad({x, weight});
+  const bool need_x = grad && x.requires_grad(), need_w = grad && weight.requires_grad();
 
-  Tensor out;
+  Tensor dx, dw32;  // d(sum of losses)/d x and / d weight (fp32), then divided by the count
   int64_t count = 0;
+  double total = 0;
   {
     autograd::NoGradGuard ng;
     count = count_valid(target, ignore_index);
-    double total = 0;
+    const Tensor xd = x.detach(), wd = weight.detach();
+    if (need_x) dx = Tensor::empty(x.sizes(), x.dtype(), x.device());
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      int64_t n = std::min(rows, N - r0);
-      Tensor l = chunk_logits_fp32(x.narrow(0, r0, n), weight);
-      total +=
-          cross_entropy(l, target.narrow(0, r0, n), ignore_index, Reduction::Sum).item_double();
+      const int64_t n = std::min(rows, N - r0);
+      Tensor xc = xd.narrow(0, r0, n), tc = target.narrow(0, r0, n);
+      Tensor l = chunk_logits_fp32(xc, wd);
+      if (!grad) {
+        total += cross_entropy(l, tc, ignore_index, Reduction::Sum).item_double();
+        continue;
+      }
+      Tensor dl;
+      {
+        autograd::GradModeGuard on(true);
+        l.set_requires_grad(true);
+        Tensor loss = cross_entropy(l, tc, ignore_index, Reduction::Sum);
+        total += loss.item_double();
+        dl = autograd::grad({loss}, {l}, {})[0];
+      }
+      l = Tensor();  // the chunk's logits are no longer needed: free them before the GEMMs
+      if (x.dtype() != DType::Float32) dl = to_dtype(dl, x.dtype());
+      if (need_x) copy_into(dx.narrow(0, r0, n), matmul(dl, wd));
+      if (need_w) {
+        Tensor part = matmul(dl.t(), xc);
+        if (part.dtype() != DType::Float32) part = to_dtype(part, DType::Float32);
+        if (dw32.defined()) {
+          add_(dw32, part);
+        } else {
+          dw32 = part;
+        }
+      }
     }
-    // All rows ignored: 0/0 = NaN, as cross_entropy's Mean.
-    out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32,
-                        x.device());
+    if (need_w && !dw32.defined()) dw32 = zeros(weight.sizes(), {DType::Float32, weight.device()});
+    // The mean's 1/count, applied once to the small results (all rows ignored: zero gradient).
+    const double inv = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+    if (dx.defined()) mul_(dx, inv);
+    if (dw32.defined()) mul_(dw32, inv);
   }
-  if (autograd::needs_grad({x, weight})) {
+  // All rows ignored: 0/0 = NaN, as cross_entropy's Mean.
+  Tensor out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32,
+                             x.device());
+  if (grad) {
     autograd::record(
         "LinearCrossEntropyBackward", {x, weight}, {&out},
-        [x, weight, target, ignore_index, rows, count](const TensorList& g,
-                                                       const std::vector<bool>& need) {
-          const int64_t N = x.size(0);
-          Tensor dx = need[0] ? empty_like(x) : Tensor();
-          Tensor dw32 =
-              need[1] ? zeros(weight.sizes(), {DType::Float32, weight.device()}) : Tensor();
-          const double scale = count > 0 ? g[0].item_double() / static_cast<double>(count) : 0.0;
-          autograd::NoGradGuard ng;
-          for (int64_t r0 = 0; r0 < N; r0 += rows) {
-            int64_t n = std::min(rows, N - r0);
-            Tensor xc = x.narrow(0, r0, n).detach();
-            Tensor l = chunk_logits_fp32(xc, weight.detach()).detach().set_requires_grad(true);
-            Tensor dl;
-            {
-              autograd::GradModeGuard on(true);
-              Tensor loss = cross_entropy(l, target.narrow(0, r0, n), ignore_index, Reduction::Sum);
-              dl = autograd::grad({loss}, {l}, {})[0];
-            }
-            if (scale != 1.0) dl = mul(dl, scale);
-            if (x.dtype() != DType::Float32) dl = to_dtype(dl, x.dtype());
-            if (need[0]) copy_into(dx.narrow(0, r0, n), matmul(dl, weight.detach()));
-            if (need[1]) {
-              Tensor part = matmul(dl.t(), xc);
-              add_(dw32, part.dtype() == DType::Float32 ? part : to_dtype(part, DType::Float32));
-            }
-          }
-          Tensor dw;
-          if (need[1])
-            dw = weight.dtype() == DType::Float32 ? dw32 : to_dtype(dw32, weight.dtype());
-          return TensorList{dx, dw};
+        [dx, dw32, wdtype = weight.dtype()](const TensorList& g, const std::vector<bool>& need) {
+          // New tensors, not the saved ones: with retain_graph a second backward
+          // must find them unchanged.
+          const double s = g[0].item_double();
+          Tensor gx, gw;
+          if (need[0] && dx.defined()) gx = mul(dx, s);
+          if (need[1] && dw32.defined()) gw = to_dtype(mul(dw32, s), wdtype);
+          return TensorList{gx, gw};
         });
   }
   return out;

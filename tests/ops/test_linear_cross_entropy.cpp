@@ -85,3 +85,35 @@ TEST(LinearCrossEntropy, EdgeCasesAndErrors) {
   EXPECT_THROW(linear_cross_entropy(x, w, zeros({4})), Error);
   EXPECT_THROW(linear_cross_entropy(x, w, full({4}, 7, {DType::Int64})), Error);
 }
+
+// The forward computes the gradients eagerly and backward scales copies of them (Note [Chunked
+// LM head]): a retained graph run twice must accumulate exactly twice the single-run gradients,
+// and gradients flow only to the inputs that require them.
+TEST(LinearCrossEntropy, RetainedGraphAndPartialGrads) {
+  Generator gen(7);
+  Tensor x0 = randn({20, 6}, {}, &gen), w0 = randn({11, 6}, {}, &gen);
+  Tensor t = randint(0, 11, {20}, {DType::Int64}, &gen);
+  Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
+  Tensor loss = linear_cross_entropy(x, w, t, -100, 11 * 3);
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  std::vector<float> gx1 = to_vector<float>(x.grad()), gw1 = to_vector<float>(w.grad());
+  loss.backward();
+  std::vector<float> gx2 = to_vector<float>(x.grad()), gw2 = to_vector<float>(w.grad());
+  for (size_t i = 0; i < gx1.size(); ++i) EXPECT_EQ(gx2[i], 2.0f * gx1[i]) << i;  // x2 is exact
+  for (size_t i = 0; i < gw1.size(); ++i) EXPECT_EQ(gw2[i], 2.0f * gw1[i]) << i;
+
+  Tensor xo = x0.clone().set_requires_grad(true);
+  linear_cross_entropy(xo, w0, t).backward();  // the weight is a constant
+  EXPECT_LT(max_rel(mul(xo.grad(), 2.0), x.grad()), 1e-6);
+  Tensor wo = w0.clone().set_requires_grad(true);
+  linear_cross_entropy(x0, wo, t).backward();  // the input is a constant
+  EXPECT_LT(max_rel(mul(wo.grad(), 2.0), w.grad()), 1e-6);
+  {
+    autograd::NoGradGuard ng;
+    EXPECT_FALSE(linear_cross_entropy(x, w, t).requires_grad());
+  }
+  // Every row ignored: the loss is NaN (0/0, as cross_entropy) and the gradients are zero.
+  Tensor xi = x0.clone().set_requires_grad(true);
+  linear_cross_entropy(xi, w0, full({20}, -100, {DType::Int64})).backward();
+  EXPECT_EQ(sum(abs(xi.grad())).item<float>(), 0.0f);
+}

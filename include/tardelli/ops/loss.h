@@ -14,9 +14,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 
 // The final projection fused with the loss: mean cross_entropy(x @ weight^T, target) for x
 // [N, d], weight [V, d], target [N]. Rows are processed in chunks of at most `chunk_elems`
-// logits, so the [N, V] logits and their gradient are never held whole: the forward keeps only
-// x, weight and target, and the backward recomputes each chunk's logits (one extra GEMM) to
-// form d logits = softmax - onehot chunk by chunk. Logits are taken to fp32 before the softmax.
+// logits, so the [N, V] logits and their gradient are never held whole. When a gradient is
+// needed the forward pass also forms d x and d weight chunk by chunk (softmax - onehot times
+// the chunk's operands) and keeps only those ([N, d] and fp32 [V, d]) for backward (Note
+// [Chunked LM head]). Logits are taken to fp32 before the softmax.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
                             int64_t ignore_index = -100, int64_t chunk_elems = int64_t{1} << 22);
 
