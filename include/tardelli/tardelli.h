@@ -27,6 +27,7 @@
 #include "tardelli/nn/nn.h"
 #include "tardelli/nn/shard_spec.h"
 #include "tardelli/ops/activation.h"
+#include "tardelli/ops/activation_linear.h"
 #include "tardelli/ops/adamw.h"
 #include "tardelli/ops/attention.h"
 #include "tardelli/ops/copy.h"

@@ -7,6 +7,7 @@
 
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/activation.h"
+#include "tardelli/ops/activation_linear.h"
 #include "tardelli/ops/attention.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/dropout.h"
@@ -308,8 +309,10 @@ Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) c
   return linear(x, cast(w), cast(b));
 }
 
-Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
-  if (parallel_) return parallel_->row_linear(x, cast(w), cast(b), sp);
+Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                std::optional<MlpActivation> act) const {
+  if (parallel_) return parallel_->row_linear(x, cast(w), cast(b), sp, act);
+  if (act) return activation_linear(x, *act, cast(w), cast(b));
   return linear(x, cast(w), cast(b));
 }
 
@@ -318,14 +321,13 @@ Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) cons
 // (rotary reads its input through strides and writes the rotated q/k contiguously). Attention
 // takes any strides, so the only copy in the block is the [B,H,T,hd] -> [B,T,H*hd] relayout of
 // its output before c_proj.
-// Under a tensor-parallel layout H, Hkv and ff are this rank's shares (the weights are its
-// shards, Note [GPT tensor-parallel layout]); under sequence parallelism x is this rank's chunk
-// of T and the column layer gathers the whole sequence.
+// Under a tensor-parallel layout H and Hkv (and the MLP width) are this rank's shares (the weights
+// are its shards, Note [GPT tensor-parallel layout]); under sequence parallelism x is this rank's
+// chunk of T and the column layer gathers the whole sequence.
 Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
                   bool sp) {
   const int tp = parallel_ ? parallel_->tp_size() : 1;
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
-  const int64_t ff = ff_ / tp;
   Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp);
   const int64_t B = qkv.size(0), T = qkv.size(1);
   Tensor q = qkv.narrow(2, 0, H * hd).view({B, T, H, hd});
@@ -352,15 +354,13 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   y = y.permute({0, 2, 1, 3}).reshape({B, T, H * hd});
   Tensor r = add(x, maybe_dropout(row(y, l.attn_proj_w, l.attn_proj_b, sp), sp));
 
+  // The MLP's activation is recomputed in backward, not kept (Note [Recomputed MLP activation]).
+  // llama's c_fc output is [B, T, 2ff]: the gate columns, then the up columns.
   Tensor hn = norm(r, l.ln_2_w, l.ln_2_b, sp);
-  Tensor m;
-  if (config_.arch == Arch::GPT2) {
-    m = gelu(column(hn, l.c_fc_w, l.c_fc_b, sp), GeluApprox::Tanh);
-  } else {
-    Tensor gu = column(hn, l.c_fc_w, Tensor(), sp);  // [B, T, 2ff]: gate columns, then up
-    m = mul(silu(gu.narrow(2, 0, ff)), gu.narrow(2, ff, ff));
-  }
-  return add(r, maybe_dropout(row(m, l.mlp_proj_w, l.mlp_proj_b, sp), sp));
+  const bool gpt2 = config_.arch == Arch::GPT2;
+  Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp);
+  const MlpActivation act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
+  return add(r, maybe_dropout(row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act), sp));
 }
 
 Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) {

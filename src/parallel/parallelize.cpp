@@ -33,8 +33,9 @@ Tensor GPTTensorParallel::column_linear(const Tensor& x, const Tensor& w, const 
   return column_parallel_linear(x, w, b, tp_, /*gather_output=*/false, sp, kSeqDim);
 }
 
-Tensor GPTTensorParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) {
-  return row_parallel_linear(x, w, b, tp_, /*input_is_parallel=*/true, sp, kSeqDim);
+Tensor GPTTensorParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                                     std::optional<MlpActivation> act) {
+  return row_parallel_linear(x, w, b, tp_, /*input_is_parallel=*/true, sp, kSeqDim, act);
 }
 
 Tensor GPTTensorParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {

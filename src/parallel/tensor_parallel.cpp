@@ -66,7 +66,7 @@ Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tens
 
 Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& bias,
                            const CommPtr& tp, bool input_is_parallel, bool sequence_parallel,
-                           int64_t seq_dim) {
+                           int64_t seq_dim, std::optional<MlpActivation> act) {
   const char* op = "row_parallel_linear";
   ops::check_defined(x, op, "x");
   ops::check_defined(w_shard, op, "w_shard");
@@ -78,12 +78,15 @@ Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor&
   TD_CHECK(!(sequence_parallel && !input_is_parallel), op,
            ": sequence_parallel requires input_is_parallel (as in Megatron)");
   TD_CHECK(x.dim() >= 1, op, ": expected an input [..., in], got ", describe(x));
-  const int64_t want_in = input_is_parallel ? w_shard.size(1) : w_shard.size(1) * tp->size();
+  TD_CHECK(!act || input_is_parallel, op,
+           ": an input activation needs input_is_parallel (it applies to this rank's slice)");
+  const int64_t act_in = act == MlpActivation::SwiGLU ? 2 * w_shard.size(1) : w_shard.size(1);
+  const int64_t want_in = input_is_parallel ? act_in : w_shard.size(1) * tp->size();
   TD_CHECK(x.size(-1) == want_in, op, ": input ", describe(x), " does not match w_shard ",
            describe(w_shard), " (last dim must be ", want_in,
            input_is_parallel ? ", this rank's slice)" : ", the full input)");
   Tensor input = input_is_parallel ? x : dist::scatter_to_region(x, tp, -1);
-  Tensor partial = linear(input, w_shard);
+  Tensor partial = act ? activation_linear(input, *act, w_shard) : linear(input, w_shard);
   Tensor y;
   if (sequence_parallel) {
     check_seq_dim(partial, seq_dim, op);

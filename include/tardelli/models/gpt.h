@@ -154,7 +154,8 @@ class GPT : public nn::Module {
   Tensor maybe_dropout(const Tensor& x, bool sp);
   // The layout-dependent linear layers (plain linear without a layout).
   Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
-  Tensor row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
+  Tensor row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+             std::optional<MlpActivation> act = std::nullopt) const;
   // Every parameter slot with its full name (the tied gpt2 head excluded).
   std::vector<std::pair<std::string, Tensor*>> slots();
 

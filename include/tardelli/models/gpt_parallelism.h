@@ -1,4 +1,6 @@
 #pragma once
+#include <optional>
+
 // td::models::GPTParallelism: the few places where the GPT's computation depends on how it is
 // laid out over devices, as an interface the model calls. The model itself is written once,
 // without parallelism (gpt.h); a separate step (td::parallel::parallelize, parallel/
@@ -25,6 +27,7 @@
 
 #include "tardelli/core/rng.h"
 #include "tardelli/core/tensor.h"
+#include "tardelli/ops/activation_linear.h"
 
 namespace td::models {
 
@@ -42,8 +45,10 @@ class GPTParallelism {
 
   // x [B, T(/tp under sp), in] -> [B, T, out/tp]: this rank's output columns.
   virtual Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) = 0;
-  // x [B, T, in/tp] -> [B, T(/tp under sp), out]: summed over tp, + the replicated bias.
-  virtual Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) = 0;
+  // x [B, T, in/tp] -> [B, T(/tp under sp), out]: summed over tp, + the replicated bias. With
+  // `act` the layer's input is act(x), recomputed in backward (activation_linear).
+  virtual Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                            std::optional<MlpActivation> act) = 0;
   // ids [B, T] (replicated) -> [B, T(/tp under sp), d] from the vocab-parallel table w.
   virtual Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) = 0;
   // A replicated tensor consumed by split activations: identity forward, gradient all-reduced

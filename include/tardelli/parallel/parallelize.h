@@ -43,7 +43,8 @@ class GPTTensorParallel : public models::GPTParallelism {
   int64_t padded_vocab(int64_t vocab_size) const override;
 
   Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
-  Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
+  Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                    std::optional<MlpActivation> act) override;
   Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) override;
   Tensor replicated(const Tensor& p) override;
   Tensor loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t vocab_size,

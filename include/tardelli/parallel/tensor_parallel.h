@@ -1,4 +1,6 @@
 #pragma once
+#include <optional>
+
 // Tensor-parallel linear layers (Megatron-core's ColumnParallelLinear / RowParallelLinear,
 // tensor_parallel/layers.py) as functions of tensors and the tensor-parallel group `tp`. They
 // hold no state: the caller owns the weight shards (leaf tensors) and passes the group.
@@ -25,6 +27,7 @@
 
 #include "tardelli/core/tensor.h"
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/ops/activation_linear.h"
 
 namespace td::parallel {
 
@@ -46,9 +49,12 @@ Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tens
 // requires input_is_parallel). The bias is added after the reduction; under sequence_parallel each
 // rank adds it to its own rows only, so it enters through copy_to_region and its gradient is
 // all-reduced over tp (the full bias gradient on every rank).
+// With `act`, the layer's input is act(x) of this rank's x (input_is_parallel; an MLP's
+// activation on its column-parallel output), recomputed in backward (activation_linear).
 Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& bias,
                            const CommPtr& tp, bool input_is_parallel = true,
-                           bool sequence_parallel = false, int64_t seq_dim = 0);
+                           bool sequence_parallel = false, int64_t seq_dim = 0,
+                           std::optional<MlpActivation> act = std::nullopt);
 
 // Note [Layout-independent init]: a model initialized from a seed draws the FULL weight and
 // every rank slices its shard, so the same seed gives the same logical model for every tp

@@ -11,8 +11,13 @@ namespace td::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 8;         // the register tile, in elements per side
-constexpr int64_t kBlock = 64;       // rows and columns per work unit (a few KiB of each side)
+constexpr int64_t kTile = 8;  // the register tile, in elements per side
+// A work unit: kBlockR destination rows (a long contiguous run of each source row) by kBlockC
+// destination columns (source rows), walked source row group by row group. Tall, narrow units
+// keep the reads streaming; measured on Zen 3 (2 threads) they beat square 64 x 64 blocks by
+// 1.3-1.8x ([1024, 2048]: 20 vs 11 GB/s; [8192, 512]: 13 vs 8.5 GB/s).
+constexpr int64_t kBlockR = 256;
+constexpr int64_t kBlockC = 32;
 constexpr int64_t kMinElems = 4096;  // below this the generic copy is as fast
 
 // One 2-D problem: D[r * ldd + c] = S[r + c * lds] for r < R, c < C (element units).
@@ -55,7 +60,7 @@ inline void tile8x8_b32(const uint32_t* s, int64_t lds, uint32_t* d, int64_t ldd
 
 template <typename T>
 void block(const T* s, T* d, const Plane& p, int64_t r0, int64_t c0) {
-  const int64_t r1 = std::min(p.R, r0 + kBlock), c1 = std::min(p.C, c0 + kBlock);
+  const int64_t r1 = std::min(p.R, r0 + kBlockR), c1 = std::min(p.C, c0 + kBlockC);
   const int64_t rf = r0 + (r1 - r0) / kTile * kTile, cf = c0 + (c1 - c0) / kTile * kTile;
   for (int64_t c = c0; c < cf; c += kTile) {
     for (int64_t r = r0; r < rf; r += kTile) {
@@ -86,25 +91,26 @@ void run(const Tensor& dst, const Tensor& src, int p) {
     bdims[nb++] = i;
     batch *= dst.size(i);
   }
-  const int64_t rb = (pl.R + kBlock - 1) / kBlock, cb = (pl.C + kBlock - 1) / kBlock;
+  const int64_t rb = (pl.R + kBlockR - 1) / kBlockR, cb = (pl.C + kBlockC - 1) / kBlockC;
   const T* s0 = static_cast<const T*>(src.data_ptr());
   T* d0 = static_cast<T*>(dst.data_ptr());
   const int64_t units = batch * rb * cb;
-  parallel_for(units, kGrain / (kBlock * kBlock), [&](int64_t u0, int64_t u1) {
-    for (int64_t u = u0; u < u1; ++u) {
-      int64_t rest = u / (rb * cb);
-      const int64_t within = u % (rb * cb);
-      int64_t so = 0, dof = 0;
-      for (int k = nb - 1; k >= 0; --k) {
-        const int i = bdims[k];
-        const int64_t idx = rest % dst.size(i);
-        rest /= dst.size(i);
-        so += idx * src.stride(i);
-        dof += idx * dst.stride(i);
-      }
-      block(s0 + so, d0 + dof, pl, (within / cb) * kBlock, (within % cb) * kBlock);
-    }
-  });
+  parallel_for(units, std::max<int64_t>(1, kGrain / (kBlockR * kBlockC)),
+               [&](int64_t u0, int64_t u1) {
+                 for (int64_t u = u0; u < u1; ++u) {
+                   int64_t rest = u / (rb * cb);
+                   const int64_t within = u % (rb * cb);
+                   int64_t so = 0, dof = 0;
+                   for (int k = nb - 1; k >= 0; --k) {
+                     const int i = bdims[k];
+                     const int64_t idx = rest % dst.size(i);
+                     rest /= dst.size(i);
+                     so += idx * src.stride(i);
+                     dof += idx * dst.stride(i);
+                   }
+                   block(s0 + so, d0 + dof, pl, (within / cb) * kBlockR, (within % cb) * kBlockC);
+                 }
+               });
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ void expect_same_elements(const Tensor& dst, const Tensor& view, const std::stri
 }  // namespace
 
 // 2-D transposes of every element size, at sizes that are and are not multiples of the 8 x 8
-// register tile and the 64 x 64 work block (and one below the kernel's size threshold).
+// register tile and the 256 x 32 work block (and one below the kernel's size threshold).
 TEST(TransposeCopy, MatchesElementMappingAllDtypes) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {4, 9}, {64, 64}, {8, 1024}, {1024, 8}, {67, 133}, {129, 65}, {513, 9}, {2048, 257}};
