@@ -108,23 +108,25 @@ TEST(Matmul, NonContiguousOperands) {
 }
 
 // Products large enough for oneDNN's fp32 GEMM to have its operands repacked first (Note
-// [Operand layouts for sgemm], src/ops/cpu/onednn.cpp: a column-major A with K >= 256, a
-// row-major B with 64 <= M <= 256 and K, N >= 512), in all four layouts, including the linear
-// weight gradient's dY^T X and a sliced (offset, padded) operand. The result must not depend on
-// the layout: same reference, same fp32 tolerance (K = 512 terms of unit variance: the
-// accumulated rounding is ~sqrt(K) ulps of |terms|, well inside 1e-5 * K).
+// [Operand layouts for sgemm], src/ops/cpu/onednn.cpp: a column-major A with M >= 1024 and
+// K >= 256, a row-major B with 64 <= M <= 256 and K, N >= 512), in all four layouts, including
+// the linear weight gradient's dY^T X and a sliced (offset, padded) operand. The result must not
+// depend on the layout: same reference, same fp32 tolerance (K = 512 terms of unit variance:
+// the accumulated rounding is ~sqrt(K) ulps of |terms|, well inside 1e-5 * K).
 TEST(Matmul, RepackedLayouts) {
   const int64_t M = 96, K = 512, N = 520;
   Tensor a = randn_seeded({M, K}, 21), at = randn_seeded({K, M}, 22).t();
   Tensor b = randn_seeded({K, N}, 23), bt = randn_seeded({N, K}, 24).t();
   check_matmul(a, b, fp32_atol(K), 0);    // NN: B repacked column-major
-  check_matmul(at, b, fp32_atol(K), 0);   // TN: both repacked
+  check_matmul(at, b, fp32_atol(K), 0);   // TN: B repacked (A is short)
   check_matmul(a, bt, fp32_atol(K), 0);   // NT: as is
-  check_matmul(at, bt, fp32_atol(K), 0);  // TT: A repacked
-  Tensor g = randn_seeded({K, 300}, 25), x = randn_seeded({K, 70}, 26);
-  check_matmul(g.t(), x, fp32_atol(K), 0);  // dW = dY^T X of a linear layer: [300, K] @ [K, 70]
+  check_matmul(at, bt, fp32_atol(K), 0);  // TT: as is
   Tensor padded = randn_seeded({K + 3, M + 5}, 27).narrow(0, 2, K).narrow(1, 4, M).t();
   check_matmul(padded, b, fp32_atol(K), 0);
+  // A tall column-major A (M = 1024): repacked row-major; as dY^T X of a linear layer.
+  Tensor g = randn_seeded({K, 1024}, 25), x = randn_seeded({K, 130}, 26);
+  check_matmul(g.t(), x, fp32_atol(K), 0);
+  check_matmul(g.narrow(1, 0, 1024).t(), randn_seeded({130, K}, 28).t(), fp32_atol(K), 0);
 }
 
 // Batch dims broadcast like numpy: size-1 dims, missing leading dims, expanded (stride 0)

@@ -190,15 +190,16 @@ Operand repacked(const Operand& op) {
 // GFLOP/s, N = row-major, T = column-major, A then B):
 //   M x K x N              NN    TN    NT
 //   1024 x 2048 x 256     125    61   120     (c_fc's dW: A = dY^T is column-major)
+//   8192 x 512 x 256      131    64   144     (a chunk of the LM head's dW)
+//   768 x 2048 x 256      124   117   130     (c_attn's dW: TN is fine below M = 1024)
 //   256 x 2048 x 1024      74    71   119     (mlp.c_proj's dW)
 //   256 x 512 x 8192       73    53   104
-//   8192 x 512 x 256      131    64   144     (a chunk of the LM head's dW)
-// So a column-major A with a long contraction is copied row-major first, and a row-major B is
-// copied column-major when M is small and K and N are long. The copies are blocked transposes
-// (Note [Transposed copies], ~10-20 GB/s): a few percent of the product they speed up, which
-// the size thresholds guarantee (each copied element feeds at least 128 multiply-adds). The
-// rule applies only to that implementation and fp32, single matrices; other ISAs (brgemm) and
-// dtypes keep their layouts.
+// So a column-major A with M >= 1024 and a long contraction is copied row-major first, and a
+// row-major B is copied column-major when M is small and K and N are long. The copies are
+// blocked transposes (Note [Transposed copies], ~10-20 GB/s), a few percent of the product they
+// speed up (each copied element feeds at least 128 multiply-adds). The rule applies only to
+// that implementation and fp32, single matrices; other ISAs (brgemm) and dtypes keep their
+// layouts.
 void choose_repacking(Entry& e, const dnnl::matmul::primitive_desc& pd, const Operand& a,
                       const Operand& b, memory::data_type dt) {
   if (dt != memory::data_type::f32 || std::string(pd.impl_info_str()) != "gemm:jit") return;
@@ -209,7 +210,7 @@ void choose_repacking(Entry& e, const dnnl::matmul::primitive_desc& pd, const Op
   const int64_t M = a.dims[nd - 2], K = a.dims[nd - 1], N = b.dims[nd - 1];
   const bool a_col = a.strides[nd - 2] == 1 && a.strides[nd - 1] != 1 && M > 1;
   const bool b_row = b.strides[nd - 1] == 1 && b.strides[nd - 2] != 1 && K > 1;
-  e.repack_a = a_col && K >= 256 && M >= 64 && N >= 128;
+  e.repack_a = a_col && K >= 256 && M >= 1024 && N >= 128;
   e.repack_b = b_row && M >= 64 && M <= 256 && K >= 512 && N >= 512;
 }
 
