@@ -47,6 +47,9 @@ constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
 // Below this many multiply-adds a parallel region costs more than it saves (tiny heads, tests).
 constexpr int64_t kMinParallelWork = int64_t{1} << 18;
+// Per-thread scratch (floats) up to which the backward holds a whole head's K, K^T and V^T
+// (Note [Attention backward operands]): 128K floats = 512 KiB, T = 682 at D = 64.
+constexpr int64_t kHoistFloats = int64_t{1} << 17;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Cephes-style expf (range reduction by ln 2, degree-6 polynomial, ~1 ulp), branch-free so GCC
@@ -112,9 +115,10 @@ void softmax_grad_row(float* __restrict p, float* __restrict dp, int64_t n, floa
 // classic BLIS shape). Measured single-threaded on Zen 3 at 64^3 it matches dnnl_sgemm
 // (~65 GFLOP/s CPU time). Without AVX2/FMA a plain loop is used.
 #if defined(__AVX2__) && defined(__FMA__)
+// A's element (i, k) is A[i * asi + k * ask]: row-major A has (lda, 1), a transposed one (1, lda).
 template <int MR>
-inline void gemm_tile16(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                        float* C, int64_t ldc) {
+inline void gemm_tile16(int64_t K, const float* A, int64_t asi, int64_t ask, const float* B,
+                        int64_t ldb, float* C, int64_t ldc) {
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -125,7 +129,7 @@ inline void gemm_tile16(int64_t K, const float* A, int64_t lda, const float* B, 
     const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m256 a = _mm256_broadcast_ss(A + i * lda + k);
+      const __m256 a = _mm256_broadcast_ss(A + i * asi + k * ask);
       c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
       c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
     }
@@ -139,11 +143,11 @@ inline void gemm_tile16(int64_t K, const float* A, int64_t lda, const float* B, 
 constexpr int64_t kTileN = 16;
 #else
 template <int MR>
-inline void gemm_tile16(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                        float* C, int64_t ldc) {
+inline void gemm_tile16(int64_t K, const float* A, int64_t asi, int64_t ask, const float* B,
+                        int64_t ldb, float* C, int64_t ldc) {
   for (int i = 0; i < MR; ++i) {
     for (int64_t k = 0; k < K; ++k) {
-      const float a = A[i * lda + k];
+      const float a = A[i * asi + k * ask];
       for (int j = 0; j < 16; ++j) C[i * ldc + j] = std::fma(a, B[k * ldb + j], C[i * ldc + j]);
     }
   }
@@ -152,27 +156,29 @@ constexpr int64_t kTileN = 16;
 #endif
 
 // Rows [i, i + mr) (mr < 6) of C over the 16-column chunk at j.
-inline void gemm_rows_tail(int64_t mr, int64_t K, const float* A, int64_t lda, const float* B,
-                           int64_t ldb, float* C, int64_t ldc) {
+inline void gemm_rows_tail(int64_t mr, int64_t K, const float* A, int64_t asi, int64_t ask,
+                           const float* B, int64_t ldb, float* C, int64_t ldc) {
   switch (mr) {
     case 5:
-      return gemm_tile16<5>(K, A, lda, B, ldb, C, ldc);
+      return gemm_tile16<5>(K, A, asi, ask, B, ldb, C, ldc);
     case 4:
-      return gemm_tile16<4>(K, A, lda, B, ldb, C, ldc);
+      return gemm_tile16<4>(K, A, asi, ask, B, ldb, C, ldc);
     case 3:
-      return gemm_tile16<3>(K, A, lda, B, ldb, C, ldc);
+      return gemm_tile16<3>(K, A, asi, ask, B, ldb, C, ldc);
     case 2:
-      return gemm_tile16<2>(K, A, lda, B, ldb, C, ldc);
+      return gemm_tile16<2>(K, A, asi, ask, B, ldb, C, ldc);
     case 1:
-      return gemm_tile16<1>(K, A, lda, B, ldb, C, ldc);
+      return gemm_tile16<1>(K, A, asi, ask, B, ldb, C, ldc);
     default:
       return;
   }
 }
 
-// C[M, N] = (accumulate ? C : 0) + A[M, K] B[K, N]; all row-major fp32 with leading dims.
+// C[M, N] = (accumulate ? C : 0) + op(A)[M, K] B[K, N]; all row-major fp32 with leading dims;
+// op(A) = A ([M, K], lda) or, with trans_a, A^T of the stored [K, M] (lda), read in place.
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc, bool accumulate) {
+          float* C, int64_t ldc, bool accumulate, bool trans_a = false) {
+  const int64_t asi = trans_a ? 1 : lda, ask = trans_a ? lda : 1;
   if (!accumulate) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
   }
@@ -180,14 +186,14 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
   for (int64_t j = 0; j < n16; j += kTileN) {
     int64_t i = 0;
     for (; i + 6 <= M; i += 6)
-      gemm_tile16<6>(K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc);
-    gemm_rows_tail(M - i, K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc);
+      gemm_tile16<6>(K, A + i * asi, asi, ask, B + j, ldb, C + i * ldc + j, ldc);
+    gemm_rows_tail(M - i, K, A + i * asi, asi, ask, B + j, ldb, C + i * ldc + j, ldc);
   }
   if (n16 == N) return;
   for (int64_t i = 0; i < M; ++i) {
     float* c = C + i * ldc;
     for (int64_t k = 0; k < K; ++k) {
-      const float a = A[i * lda + k];
+      const float a = A[i * asi + k * ask];
       const float* b = B + k * ldb;
       for (int64_t j = n16; j < N; ++j) c[j] = std::fma(a, b[j], c[j]);
     }
@@ -325,16 +331,27 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
   const int64_t D = d.D, Dv = d.Dv;
   const int64_t work = d.group * d.Tq * d.Tk * (2 * D + 3 * Dv);  // per task, upper bound
   const int64_t grain = std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(work, 1));
+  // Note [Attention backward operands]: every query block of a (batch, kv-head) task reads
+  // the same keys and values, so when the head's K, K^T and V^T fit kHoistFloats they are
+  // loaded (and transposed) once per task rather than once per (query, key) block pair; longer
+  // heads load each key block where it is used. P^T dO and dS^T Q read P and dS transposed in
+  // place (the micro-kernel takes A's strides), so no tile is transposed.
+  const bool hoist = d.Tk * (2 * D + Dv) <= kHoistFloats;
   cpu::parallel_for(d.B * d.Hkv, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> qs(kBlockQ * D), gs(kBlockQ * Dv), os(kBlockQ * Dv), ks(kBlockK * D),
-        kt(D * kBlockK), vt(Dv * kBlockK), p(kBlockQ * kBlockK), dp(kBlockQ * kBlockK),
-        pt(kBlockK * kBlockQ), dst(kBlockK * kBlockQ), dqa(kBlockQ * D), di(kBlockQ), ls(kBlockQ),
-        dka(d.Tk * D), dva(d.Tk * Dv);
+    const int64_t kn = hoist ? d.Tk : kBlockK;  // rows held of K, K^T and V^T
+    std::vector<float> qs(kBlockQ * D), gs(kBlockQ * Dv), os(kBlockQ * Dv), ks(kn * D), kt(D * kn),
+        vt(Dv * kn), p(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), dqa(kBlockQ * D), di(kBlockQ),
+        ls(kBlockQ), dka(d.Tk * D), dva(d.Tk * Dv);
     std::vector<int64_t> vis(kBlockQ);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / d.Hkv, hk = task % d.Hkv;
       std::fill(dka.begin(), dka.end(), 0.0f);
       std::fill(dva.begin(), dva.end(), 0.0f);
+      if (hoist) {
+        load_rows(K.head(b, hk), K.st, K.sd, 0, d.Tk, D, ks.data());
+        transpose_tile(d.Tk, D, ks.data(), D, kt.data(), kn);
+        load_rows(V.head(b, hk), V.st, V.sd, 0, d.Tk, Dv, vt.data(), true, kn);
+      }
       for (int64_t h = hk * d.group; h < (hk + 1) * d.group; ++h) {
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, d.Tq - q0);
@@ -354,11 +371,15 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
           const int64_t kend = d.limit(q0 + nq - 1);
           for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
             const int64_t nk = std::min(kBlockK, kend - k0);
-            load_rows(K.head(b, hk), K.st, K.sd, k0, nk, D, ks.data());
-            transpose_tile(nk, D, ks.data(), D, kt.data(), kBlockK);
-            load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, vt.data(), true, kBlockK);
-            gemm(nq, nk, D, qs.data(), D, kt.data(), kBlockK, p.data(), kBlockK, false);
-            gemm(nq, nk, Dv, gs.data(), Dv, vt.data(), kBlockK, dp.data(), kBlockK, false);
+            if (!hoist) {
+              load_rows(K.head(b, hk), K.st, K.sd, k0, nk, D, ks.data());
+              transpose_tile(nk, D, ks.data(), D, kt.data(), kn);
+              load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, vt.data(), true, kn);
+            }
+            const int64_t off = hoist ? k0 : 0;  // this key block's first row in ks/kt/vt
+            const float* kb = ks.data() + off * D;
+            gemm(nq, nk, D, qs.data(), D, kt.data() + off, kn, p.data(), kBlockK, false);
+            gemm(nq, nk, Dv, gs.data(), Dv, vt.data() + off, kn, dp.data(), kBlockK, false);
             visible(d, q0, nq, k0, nk, vis.data());
             for (int64_t r = 0; r < nq; ++r) {
               float* pr = p.data() + r * kBlockK;
@@ -367,11 +388,11 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
               softmax_grad_row(pr, dpr, n, d.scale, ls[r], di[r]);
               for (int64_t c = n; c < nk; ++c) pr[c] = dpr[c] = 0.0f;
             }
-            transpose_tile(nq, nk, p.data(), kBlockK, pt.data(), kBlockQ);
-            transpose_tile(nq, nk, dp.data(), kBlockK, dst.data(), kBlockQ);
-            gemm(nk, Dv, nq, pt.data(), kBlockQ, gs.data(), Dv, dva.data() + k0 * Dv, Dv, true);
-            gemm(nk, D, nq, dst.data(), kBlockQ, qs.data(), D, dka.data() + k0 * D, D, true);
-            gemm(nq, D, nk, dp.data(), kBlockK, ks.data(), D, dqa.data(), D, true);
+            gemm(nk, Dv, nq, p.data(), kBlockK, gs.data(), Dv, dva.data() + k0 * Dv, Dv, true,
+                 /*trans_a=*/true);
+            gemm(nk, D, nq, dp.data(), kBlockK, qs.data(), D, dka.data() + k0 * D, D, true,
+                 /*trans_a=*/true);
+            gemm(nq, D, nk, dp.data(), kBlockK, kb, D, dqa.data(), D, true);
           }
           store_rows(dqa.data(), nq, D, DQ + ((b * d.H + h) * d.Tq + q0) * D);
         }

@@ -75,16 +75,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
         total += cross_entropy(l, tc, ignore_index, Reduction::Sum).item_double();
         continue;
       }
-      Tensor dl;
-      {
-        autograd::GradModeGuard on(true);
-        l.set_requires_grad(true);
-        Tensor loss = cross_entropy(l, tc, ignore_index, Reduction::Sum);
-        total += loss.item_double();
-        dl = autograd::grad({loss}, {l}, {})[0];
-      }
-      l = Tensor();  // the chunk's logits are no longer needed: free them before the GEMMs
-      if (x.dtype() != DType::Float32) dl = to_dtype(dl, x.dtype());
+      // The chunk's logits become the gradient of its summed loss, in place.
+      total += cross_entropy_sum_and_grad_(l, tc, ignore_index);
+      Tensor dl = x.dtype() == DType::Float32 ? l : to_dtype(l, x.dtype());
       if (need_x) copy_into(dx.narrow(0, r0, n), matmul(dl, wd));
       if (need_w) {
         Tensor part = matmul(dl.t(), xc);

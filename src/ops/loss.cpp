@@ -9,6 +9,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
 #include "tardelli/autograd/function.h"
+#include "tardelli/ops/copy.h"
 #include "tardelli/ops/factory.h"
 #if TD_WITH_CUDA
 #include "ops/cuda/loss.h"
@@ -145,6 +146,70 @@ Tensor ce_forward_cpu(const Tensor& logits, const Tensor& target, const Shape& b
                       CeSaved& s);
 
 }  // namespace
+
+double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
+                                   int64_t ignore_index) {
+  const char* op = "cross_entropy_sum_and_grad_";
+  ops::check_defined(logits, op, "input");
+  ops::check_defined(target, op, "target");
+  TD_CHECK(logits.dim() == 2 && logits.dtype() == DType::Float32 && logits.is_contiguous(), op,
+           ": expected contiguous fp32 logits [N, C], got ", describe(logits));
+  TD_CHECK(target.dim() == 1 && target.size(0) == logits.size(0) && is_integral(target.dtype()), op,
+           ": expected an int target [", logits.size(0), "], got ", describe(target));
+  ops::check_same_device(logits, target, op);
+#if TD_WITH_CUDA
+  if (logits.is_cuda()) {
+    // The CUDA forward and backward kernels, then the gradient over the logits.
+    CeSaved s;
+    s.logits = logits;
+    Tensor loss =
+        cuda_ops::cross_entropy_forward(logits, target, ignore_index, Reduction::Sum, 0.0,
+                                        {logits.size(0)}, s.target_dev, s.shift, s.log_s, s.count);
+    Tensor one = scalar_tensor(1.0, DType::Float32, logits.device());
+    Tensor dl = ce_backward(one, s, logits.sizes(), ignore_index, Reduction::Sum, 0.0);
+    const double total = loss.item_double();
+    copy_into(logits, dl);
+    return total;
+  }
+#endif
+  ops::check_cpu(logits, op);
+  const int64_t rows = logits.size(0), C = logits.size(1);
+  std::vector<int64_t> t = to_vector<int64_t>(target);
+  for (int64_t r = 0; r < rows; ++r) {
+    TD_CHECK(t[r] == ignore_index || (t[r] >= 0 && t[r] < C), op, ": target ", t[r],
+             " at position ", r, " is out of range for ", C, " classes (valid: 0..", C - 1,
+             ", or ignore_index ", ignore_index, ")");
+  }
+  std::vector<double> loss(static_cast<size_t>(rows), 0.0);
+  float* base = logits.data_ptr<float>();
+  cpu::parallel_for(rows, row_grain(C), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* x = base + r * C;
+      if (t[r] == ignore_index) {
+        std::fill(x, x + C, 0.0f);
+        continue;
+      }
+      const float m = cpu::row_max(x, C);
+      const float shift = m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+      const float xt = x[t[r]] - shift;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < C; ++j) {
+        const float ej = vexp(x[j] - shift);
+        x[j] = ej;
+        s += ej;
+      }
+      loss[r] = static_cast<double>(std::log(s)) - static_cast<double>(xt);
+      const float inv = 1.0f / s;
+#pragma omp simd
+      for (int64_t j = 0; j < C; ++j) x[j] *= inv;
+      x[t[r]] -= 1.0f;
+    }
+  });
+  double total = 0.0;
+  for (double l : loss) total += l;  // row order: deterministic
+  return total;
+}
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                      Reduction reduction, double label_smoothing) {

@@ -59,7 +59,9 @@ TEST(ActivationLinear, MatchesUnfusedComposition) {
       EXPECT_LT(max_rel(f.y, u.y), 1e-6) << name;
       EXPECT_LT(max_rel(f.dh, u.dh), 1e-6) << name;
       EXPECT_LT(max_rel(f.dw, u.dw), 1e-6) << name;
-      if (bias) EXPECT_LT(max_rel(f.db, u.db), 1e-6) << name;
+      if (bias) {
+        EXPECT_LT(max_rel(f.db, u.db), 1e-6) << name;
+      }
     }
   }
 }

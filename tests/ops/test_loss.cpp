@@ -168,3 +168,27 @@ TEST(CrossEntropy, BadInputErrors) {
   EXPECT_THROW(cross_entropy(x, from_vector<int64_t>({0, 1, 2}, {3}), -100, Reduction::Mean, 1.5),
                Error);  // label_smoothing out of [0, 1]
 }
+
+// The in-place kernel of the chunked LM head: its summed loss and the gradient it leaves in the
+// logits equal cross_entropy(Sum) and that op's autograd gradient (fp32 rows of 300 classes:
+// rounding-level, 1e-6 relative), ignored rows are zero, and a bad target is an error that
+// leaves the logits untouched.
+TEST(CrossEntropy, SumAndGradInPlace) {
+  Generator gen(31);
+  Tensor x = mul(randn({13, 300}, {}, &gen), 3.0);
+  Tensor t = randint(0, 300, {13}, {DType::Int64}, &gen);
+  t.narrow(0, 4, 2).fill_(-100);
+  Tensor xr = x.clone().set_requires_grad(true);
+  Tensor ref = cross_entropy(xr, t, -100, Reduction::Sum);
+  ref.backward();
+  Tensor l = x.clone();
+  const double total = cross_entropy_sum_and_grad_(l, t, -100);
+  EXPECT_NEAR(total, ref.item<double>(), 1e-6 * std::fabs(ref.item<double>()));
+  auto got = to_vector<float>(l), want = to_vector<float>(xr.grad());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << i;
+  EXPECT_EQ(sum(abs(l.narrow(0, 4, 2))).item<float>(), 0.0f);
+  Tensor keep = x.clone();
+  EXPECT_THROW(cross_entropy_sum_and_grad_(keep, full({13}, 300, {DType::Int64})), Error);
+  EXPECT_EQ(sum(ne(keep, x)).item<int64_t>(), 0);
+  EXPECT_THROW(cross_entropy_sum_and_grad_(x.to(DType::BFloat16), t), Error);  // fp32 only
+}

@@ -12,6 +12,13 @@ enum class Reduction { None, Mean, Sum };
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::Mean, double label_smoothing = 0.0);
 
+// The summed cross-entropy of fp32 logits [N, C] against target [N] (rows equal to
+// ignore_index contribute nothing), returned as a double, with `logits` overwritten by the
+// gradient of that sum: softmax - onehot per row, zeros on ignored rows. One exp per element and
+// no second [N, C] buffer (the chunked LM head's kernel). Not recorded by autograd.
+double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
+                                   int64_t ignore_index = -100);
+
 // The final projection fused with the loss: mean cross_entropy(x @ weight^T, target) for x
 // [N, d], weight [V, d], target [N]. Rows are processed in chunks of at most `chunk_elems`
 // logits, so the [N, V] logits and their gradient are never held whole. When a gradient is

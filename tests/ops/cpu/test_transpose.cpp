@@ -23,7 +23,7 @@ Tensor random_bits(const Shape& s, DType dt) {
 }
 
 // dst (contiguous, shape of view) must hold view's elements in row-major order of the shape.
-void expect_same_elements(const Tensor& dst, const Tensor& view, const std::string& what) {
+void expect_same_elements(const Tensor& dst, const Tensor& view, const char* what) {
   ASSERT_TRUE(dst.is_contiguous());
   const size_t es = view.element_size();
   const auto* base = static_cast<const uint8_t*>(view.data_ptr());
@@ -58,8 +58,8 @@ TEST(TransposeCopy, MatchesElementMappingAllDtypes) {
       Tensor v = x.t();
       Tensor out = Tensor::empty(v.sizes(), dt);
       copy_into(out, v);
-      expect_same_elements(
-          out, v, std::string(dtype_name(dt)) + " " + std::to_string(r) + "x" + std::to_string(c));
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << r << "x" << c);
+      expect_same_elements(out, v, "transpose");
     }
   }
 }
@@ -74,9 +74,8 @@ TEST(TransposeCopy, BatchedPermutations) {
     Tensor v = x.permute(p);
     Tensor out = Tensor::empty(v.sizes());
     copy_into(out, v);
-    std::string name = "permute";
-    for (int64_t d : p) name += " " + std::to_string(d);
-    expect_same_elements(out, v, name);
+    SCOPED_TRACE(testing::Message() << "permute " << p[0] << p[1] << p[2] << p[3]);
+    expect_same_elements(out, v, "permute");
   }
   // An offset source (narrowed) and a destination that is itself a column slice.
   Tensor src = randn({300, 200}).narrow(0, 7, 250).narrow(1, 3, 150).t();  // [150, 250]
