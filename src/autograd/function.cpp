@@ -35,8 +35,13 @@ bool needs_grad(const TensorList& inputs) {
 
 void record(const char* name, const TensorList& inputs, std::initializer_list<Tensor*> outputs,
             BackwardFn fn) {
-  auto node = std::make_shared<FunctionNode>(name, static_cast<uint32_t>(outputs.size()),
-                                             std::move(fn));
+  record(name, inputs, std::vector<Tensor*>(outputs), std::move(fn));
+}
+
+void record(const char* name, const TensorList& inputs, const std::vector<Tensor*>& outputs,
+            BackwardFn fn) {
+  auto node =
+      std::make_shared<FunctionNode>(name, static_cast<uint32_t>(outputs.size()), std::move(fn));
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
   for (const auto& t : inputs) {

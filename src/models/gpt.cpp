@@ -14,6 +14,7 @@
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/embedding.h"
 #include "tardelli/ops/factory.h"
+#include "tardelli/ops/join.h"
 #include "tardelli/ops/loss.h"
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/norm.h"
@@ -317,7 +318,7 @@ Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
 }
 
 // Note [Fused QKV views]: q, k and v are column ranges of the one c_attn GEMM output
-// [B, T, (H+2Hkv)*hd]; narrow + view + permute give [B, heads, T, hd] views of it with no copy
+// [B, T, (H+2Hkv)*hd]; split + view + permute give [B, heads, T, hd] views of it with no copy
 // (rotary reads its input through strides and writes the rotated q/k contiguously). Attention
 // takes any strides, so the only copy in the block is the [B,H,T,hd] -> [B,T,H*hd] relayout of
 // its output before c_proj.
@@ -330,9 +331,12 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
   Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp);
   const int64_t B = qkv.size(0), T = qkv.size(1);
-  Tensor q = qkv.narrow(2, 0, H * hd).view({B, T, H, hd});
-  Tensor k = qkv.narrow(2, H * hd, Hkv * hd).view({B, T, Hkv, hd});
-  Tensor v = qkv.narrow(2, (H + Hkv) * hd, Hkv * hd).view({B, T, Hkv, hd});
+  // One split, not three narrows: its backward writes the three gradients into one buffer
+  // (Note [Split backward]).
+  TensorList parts = split(qkv, {H * hd, Hkv * hd, Hkv * hd}, 2);
+  Tensor q = parts[0].view({B, T, H, hd});
+  Tensor k = parts[1].view({B, T, Hkv, hd});
+  Tensor v = parts[2].view({B, T, Hkv, hd});
   if (config_.arch == Arch::Llama) {
     Tensor c = rope_cos_.narrow(0, start, T), s = rope_sin_.narrow(0, start, T);
     q = apply_rotary(q, c, s);

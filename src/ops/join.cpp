@@ -98,6 +98,47 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
   return cat(us, dim);
 }
 
+namespace {
+
+// Note [Split backward]: the pieces of a split are views of x with one autograd node for all of
+// them, whose backward writes every piece's gradient into one buffer of x's shape (zeros only
+// where a piece got none). Pieces built from separate narrow()s would each scatter into a
+// zero-filled tensor of x's full shape and the engine would then add those together: for a
+// GPT's fused q/k/v projection, three fills and two additions of the whole [B, T, 3d] tensor
+// per layer instead of one write.
+TensorList split_pieces(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  TensorList out;
+  out.reserve(sizes.size());
+  const Tensor xd = x.detach();
+  int64_t off = 0;
+  for (int64_t s : sizes) {
+    out.push_back(narrow(xd, dim, off, s));
+    off += s;
+  }
+  if (!needs_grad({x})) return out;
+  std::vector<Tensor*> outs;
+  for (Tensor& t : out) outs.push_back(&t);
+  record("SplitBackward", {x}, outs,
+         [shape = x.sizes(), dt = x.dtype(), dev = x.device(), sizes, dim](const TensorList& g,
+                                                                           const auto&) {
+           Tensor full = Tensor::empty(shape, dt, dev);
+           int64_t off = 0;
+           for (size_t i = 0; i < sizes.size(); ++i) {
+             Tensor part = narrow(full, dim, off, sizes[i]);
+             if (g[i].defined()) {
+               copy_into(part, g[i]);
+             } else {
+               part.fill_(0.0);
+             }
+             off += sizes[i];
+           }
+           return TensorList{full};
+         });
+  return out;
+}
+
+}  // namespace
+
 TensorList split(const Tensor& x, int64_t split_size, int64_t dim) {
   TD_CHECK(x.defined(), "split: undefined tensor");
   TD_CHECK(x.dim() > 0, "split: cannot split a 0-dim tensor");
@@ -105,14 +146,10 @@ TensorList split(const Tensor& x, int64_t split_size, int64_t dim) {
   int64_t n = x.size(dim);
   TD_CHECK(split_size > 0 || (split_size == 0 && n == 0), "split: split_size must be positive ",
            "(or 0 for an empty dim), got ", split_size, " for dim ", dim, " of size ", n);
-  TensorList out;
-  if (n == 0) {
-    out.push_back(narrow(x, dim, 0, 0));
-    return out;
-  }
-  for (int64_t s = 0; s < n; s += split_size)
-    out.push_back(narrow(x, dim, s, std::min(split_size, n - s)));
-  return out;
+  if (n == 0) return {narrow(x, dim, 0, 0)};
+  std::vector<int64_t> sizes;
+  for (int64_t s = 0; s < n; s += split_size) sizes.push_back(std::min(split_size, n - s));
+  return split_pieces(x, sizes, dim);
 }
 
 TensorList split(const Tensor& x, const Shape& sizes, int64_t dim) {
@@ -126,13 +163,7 @@ TensorList split(const Tensor& x, const Shape& sizes, int64_t dim) {
   }
   TD_CHECK(total == x.size(dim), "split: sizes ", shape_str(sizes), " sum to ", total, " but dim ",
            dim, " of ", describe(x), " has size ", x.size(dim));
-  TensorList out;
-  int64_t off = 0;
-  for (int64_t s : sizes) {
-    out.push_back(narrow(x, dim, off, s));
-    off += s;
-  }
-  return out;
+  return split_pieces(x, std::vector<int64_t>(sizes.begin(), sizes.end()), dim);
 }
 
 TensorList chunk(const Tensor& x, int64_t chunks, int64_t dim) {

@@ -147,3 +147,29 @@ TEST(Join, SplitAndChunk) {
   EXPECT_THROW(chunk(x, 0, 0), Error);
   EXPECT_THROW(split(scalar_tensor(1.0), 1, 0), Error);
 }
+
+// split's pieces share one backward node (Note [Split backward]): they are views of the input,
+// and the input's gradient holds each piece's gradient in its place and zeros where a piece got
+// none, exactly as the separate narrows' gradients summed would.
+TEST(Join, SplitBackwardWritesEachPieceInPlace) {
+  Tensor x = randn({3, 10, 7}).set_requires_grad(true);
+  TensorList parts = split(x, Shape{2, 5, 3}, 1);
+  ASSERT_EQ(parts.size(), 3u);
+  for (const Tensor& p : parts) EXPECT_TRUE(p.shares_storage(x));
+  Tensor g0 = randn({3, 2, 7}), g2 = randn({3, 3, 7});
+  // The middle piece takes no part in the loss: its slice of the gradient must be zero.
+  add(sum(mul(parts[0], g0)), sum(mul(parts[2], g2))).backward();
+  Tensor gx = x.grad();
+  EXPECT_EQ(sum(ne(gx.narrow(1, 0, 2), g0)).item<int64_t>(), 0);
+  EXPECT_EQ(sum(abs(gx.narrow(1, 2, 5))).item<float>(), 0.0f);
+  EXPECT_EQ(sum(ne(gx.narrow(1, 7, 3), g2)).item<int64_t>(), 0);
+  // Equal-size pieces (the last shorter) and a gradient check through a non-linear use.
+  Tensor y = randn({2, 9}).set_requires_grad(true);
+  auto r = autograd::gradcheck(
+      [](const TensorList& in) {
+        TensorList p = split(in[0], 4, 1);
+        return add(sum(mul(p[0], p[0])), mul(sum(p[2]), 3.0));
+      },
+      {y});
+  EXPECT_TRUE(r.ok) << r.message;
+}

@@ -19,7 +19,8 @@
 
 namespace td::autograd {
 
-using BackwardFn = std::function<TensorList(const TensorList& grads, const std::vector<bool>& need)>;
+using BackwardFn =
+    std::function<TensorList(const TensorList& grads, const std::vector<bool>& need)>;
 
 class FunctionNode final : public Node {
  public:
@@ -44,6 +45,9 @@ bool needs_grad(const TensorList& inputs);
 // Attaches a node to `outputs` (which become non-leaves requiring grad). `inputs` are the
 // differentiable inputs in the order the lambda returns their gradients.
 void record(const char* name, const TensorList& inputs, std::initializer_list<Tensor*> outputs,
+            BackwardFn fn);
+// The same for a number of outputs known at run time (e.g. split).
+void record(const char* name, const TensorList& inputs, const std::vector<Tensor*>& outputs,
             BackwardFn fn);
 
 }  // namespace td::autograd
