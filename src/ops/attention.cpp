@@ -265,6 +265,7 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
                           const Tensor& out, const Tensor& lse) {
   Heads<T> Q(q), K(k), V(v);
   T* O = static_cast<T*>(out.data_ptr());
+  const int64_t osb = out.stride(0), osh = out.stride(1), ost = out.stride(2);
   float* L = lse.data_ptr<float>();
   const int64_t nqb = (d.Tq + kBlockQ - 1) / kBlockQ;
   const int64_t D = d.D, Dv = d.Dv;
@@ -305,14 +306,14 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
         }
         gemm(nq, Dv, nk, s.data(), kBlockK, vs.data(), Dv, acc.data(), Dv, true);
       }
-      T* orow = O + ((b * d.H + h) * d.Tq + q0) * Dv;
+      T* orow = O + b * osb + h * osh + q0 * ost;
       for (int64_t r = 0; r < nq; ++r) {
         const float inv = 1.0f / l[r];
         float* ar = acc.data() + r * Dv;
         for (int64_t j = 0; j < Dv; ++j) ar[j] *= inv;
         L[(b * d.H + h) * d.Tq + q0 + r] = m[r] + std::log(l[r]);
       }
-      store_rows(acc.data(), nq, Dv, orow);
+      for (int64_t r = 0; r < nq; ++r) store_rows(acc.data() + r * Dv, 1, Dv, orow + r * ost);
     }
   });
 }
@@ -492,7 +493,11 @@ AttentionForward flash_attention_forward(const Tensor& q, const Tensor& k, const
 #endif
   for (const Tensor* t : {&q, &k, &v}) ops::check_cpu(*t, op);
   AttentionForward r;
-  r.out = Tensor::empty({d.B, d.H, d.Tq, d.Dv}, q.dtype(), q.device());
+  // Note [Attention output layout]: the output is a [B, H, Tq, Dv] view of a [B, Tq, H, Dv]
+  // buffer, the layout the attention's output projection reads as [B, Tq, H * Dv]: a model's
+  // transpose(1, 2).reshape(...) after attention is then a view, not a copy (and not a second
+  // saved activation).
+  r.out = Tensor::empty({d.B, d.Tq, d.H, d.Dv}, q.dtype(), q.device()).permute({0, 2, 1, 3});
   r.lse = Tensor::empty({d.B, d.H, d.Tq}, DType::Float32, q.device());
   if (r.out.numel() == 0) return r;
   if (d.Tk == 0) {

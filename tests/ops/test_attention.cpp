@@ -297,3 +297,15 @@ TEST(Attention, BadInputIsAnError) {
   EXPECT_THROW(flash_attention_backward(q2, q2, k, v, q2, randn_seeded({1, 2, 3}, 278), false, 1.0),
                Error);  // lse shape
 }
+
+// Note [Attention output layout]: the fused CPU output is [B, H, T, D] over a [B, T, H, D]
+// buffer, so the model's relayout for the output projection is a view of it, not a copy.
+TEST(Attention, OutputIsLaidOutForTheProjection) {
+  Tensor q = randn_seeded({2, 3, 20, 8}, 280), k = randn_seeded({2, 3, 20, 8}, 281),
+         v = randn_seeded({2, 3, 20, 8}, 282);
+  Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), true);
+  EXPECT_EQ(y.sizes(), (Shape{2, 3, 20, 8}));
+  Tensor proj_in = y.transpose(1, 2);
+  EXPECT_TRUE(proj_in.is_contiguous());
+  EXPECT_TRUE(proj_in.reshape({2, 20, 24}).shares_storage(y));
+}

@@ -175,10 +175,14 @@ TEST(OptimAdamW, LoadStateDictErrors) {
   EXPECT_NEAR(doubles(now.state.at(1).tensors.at("exp_avg"))[0], 0.1, 1e-7);
 }
 
-// bf16 parameters: fp32 moments, the parameter stays bf16 and moves as the reference rounded
-// to bf16 each step (one bf16 ulp, 2^-8 relative, for fp32-vs-double ties).
+// bf16 parameters with fp32 state: each step is computed in fp32 and rounded to bf16 once, the
+// reference in double and rounded the same way. Where the exact value lies within fp32 rounding of
+// a bf16 rounding midpoint the two may round to neighbours: one bf16 ulp apart, which is up to
+// 2^-7 of the value (2^-8 was half an ulp for values just above a power of two, and failed for
+// some data). Own generator: the data do not depend on which tests ran before.
 TEST(OptimAdamW, BFloat16Parameters) {
-  Tensor p = randn({500}).to(DType::BFloat16);
+  Generator gen(77);
+  Tensor p = randn({500}, {}, &gen).to(DType::BFloat16);
   p.set_requires_grad(true);
   std::vector<double> ref = doubles(p);
   RefAdamW r{0.05, 0.9, 0.999, 1e-8, 0.01, {}, {}};
@@ -186,7 +190,7 @@ TEST(OptimAdamW, BFloat16Parameters) {
   o.lr = 0.05;
   optim::AdamW opt({p}, o);
   for (int s = 0; s < 3; ++s) {
-    Tensor g = randn({500});  // fp32 gradients for bf16 parameters are accepted
+    Tensor g = randn({500}, {}, &gen);  // fp32 gradients for bf16 parameters are accepted
     p.set_grad(g);
     opt.step();
     r.update(ref, doubles(g));
@@ -194,7 +198,7 @@ TEST(OptimAdamW, BFloat16Parameters) {
   }
   EXPECT_EQ(p.dtype(), DType::BFloat16);
   EXPECT_EQ(opt.state_dict().state.at(0).tensors.at("exp_avg").dtype(), DType::Float32);
-  expect_close(doubles(p), ref, 1e-6, std::ldexp(1.0, -8), "bf16 p");
+  expect_close(doubles(p), ref, 1e-6, std::ldexp(1.0, -7), "bf16 p");
 }
 
 // torch's argument checks.

@@ -15,7 +15,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
 // The fused kernels. Causal masking aligns the last query with the last key (Tq <= Tk).
 struct AttentionForward {
-  Tensor out;  // [B, H, Tq, D], dtype of q
+  Tensor out;  // [B, H, Tq, D], dtype of q; on the CPU a view of a [B, Tq, H, D] buffer
   Tensor lse;  // [B, H, Tq] fp32 logsumexp of the scaled scores
 };
 AttentionForward flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
