@@ -9,6 +9,7 @@
 // only in CUDA builds.
 #include "ops/cuda/activation.h"
 #include "tardelli/autograd/function.h"
+#include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/copy.h"
 
 // Note [Activation numerics]: every activation is written in a form without cancellation, so
@@ -55,6 +56,23 @@ inline float gelu_tanh_grad(float x) {
   float s = sigmoid_f(2.0f * u);
   float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x * x);
   return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+// y = gelu_tanh(x) and d = g * gelu_tanh'(x) over n contiguous elements: one sigmoid per element
+// serves both (gelu = x s, gelu' = s + 2 x s (1 - s) u').
+template <typename T>
+void gelu_tanh_and_grad(const T* xp, const T* gp, T* yp, T* dp, int64_t n) {
+  cpu::parallel_for(n, cpu::kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const float v = static_cast<float>(xp[i]);
+      const float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
+      const float s = sigmoid_f(2.0f * u);
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * v * v);
+      yp[i] = static_cast<T>(v * s);
+      dp[i] = static_cast<T>(static_cast<float>(gp[i]) * (s + 2.0f * v * s * (1.0f - s) * du));
+    }
+  });
 }
 
 using cuda_ops::Activation;
@@ -130,6 +148,30 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x, GeluApprox approx) {
   }
   return act_backward("gelu_backward", grad, x, Activation::GeluErf,
                       [](float g, float v) { return g * gelu_erf_grad(v); });
+}
+
+std::pair<Tensor, Tensor> gelu_and_backward(const Tensor& grad, const Tensor& x,
+                                            GeluApprox approx) {
+  const char* op = "gelu_and_backward";
+  check_act_input(x, op);
+  ops::check_defined(grad, op, "grad");
+  ops::check_same_device(grad, x, op);
+  TD_CHECK(grad.sizes() == x.sizes(), op, ": grad ", describe(grad), " does not match input ",
+           describe(x));
+  const bool fused = x.is_cpu() && approx == GeluApprox::Tanh && x.is_contiguous() &&
+                     grad.is_contiguous() && grad.dtype() == x.dtype();
+  if (!fused) {
+    autograd::NoGradGuard ng;
+    return {gelu(x.detach(), approx), gelu_backward(grad, x, approx)};
+  }
+  Tensor y = Tensor::empty(x.sizes(), x.dtype(), x.device());
+  Tensor dx = Tensor::empty(x.sizes(), x.dtype(), x.device());
+  TD_DISPATCH_FLOATING(x.dtype(), op, [&]<typename T>() {
+    gelu_tanh_and_grad<T>(static_cast<const T*>(x.data_ptr()),
+                          static_cast<const T*>(grad.data_ptr()), static_cast<T*>(y.data_ptr()),
+                          static_cast<T*>(dx.data_ptr()), x.numel());
+  });
+  return {y, dx};
 }
 
 Tensor silu(const Tensor& x) {

@@ -1,5 +1,7 @@
 #include "tardelli/ops/activation_linear.h"
 
+#include <tuple>
+
 #include "ops/common.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/autograd/grad_mode.h"
@@ -59,26 +61,31 @@ Tensor activation_linear(const Tensor& h, MlpActivation act, const Tensor& weigh
         Tensor hd = h.detach();
         Tensor g2 = reshape(g[0], {rows, outf});
         Tensor gh, gw, gb;
-        if (need[1] && autograd::deferring_weight_grads()) {
-          // The deferred dW recomputes act(h) when it runs, so act(h) is not kept until then.
-          autograd::defer_weight_grad(weight, [g2, hd, act, rows, in] {
-            return mm(transpose(g2, 0, 1), reshape(apply(hd, act), {rows, in}));
-          });
-        } else if (need[1]) {
-          gw = mm(transpose(g2, 0, 1), reshape(apply(hd, act), {rows, in}));
-        }
-        if (has_bias && need[2]) gb = sum(g2, {0});
+        const bool deferred = need[1] && autograd::deferring_weight_grads();
+        Tensor m;  // act(h), recomputed; for GELU together with the input gradient
         if (need[0]) {
           Shape ms = hd.sizes();
           ms.back() = in;
           Tensor dm = reshape(mm(g2, weight.detach()), ms);
           if (act == MlpActivation::GeluTanh) {
-            gh = gelu_backward(dm, hd, GeluApprox::Tanh);
+            std::tie(m, gh) = gelu_and_backward(dm, hd, GeluApprox::Tanh);
           } else {
             Tensor gate = hd.narrow(-1, 0, in), up = hd.narrow(-1, in, in);
-            gh = cat({silu_backward(mul(dm, up), gate), mul(dm, silu(gate))}, -1);
+            Tensor s = silu(gate);
+            gh = cat({silu_backward(mul(dm, up), gate), mul(dm, s)}, -1);
+            m = mul(s, up);
           }
         }
+        if (deferred) {
+          // The deferred dW recomputes act(h) when it runs, so act(h) is not kept until then.
+          autograd::defer_weight_grad(weight, [g2, hd, act, rows, in] {
+            return mm(transpose(g2, 0, 1), reshape(apply(hd, act), {rows, in}));
+          });
+        } else if (need[1]) {
+          if (!m.defined()) m = apply(hd, act);
+          gw = mm(transpose(g2, 0, 1), reshape(m, {rows, in}));
+        }
+        if (has_bias && need[2]) gb = sum(g2, {0});
         return TensorList{gh, gw, gb};
       });
   return out;

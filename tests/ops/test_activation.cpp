@@ -172,3 +172,29 @@ TEST(Activation, BadInputIsAnError) {
     EXPECT_NE(std::string(e.what()).find("gelu"), std::string::npos) << e.what();
   }
 }
+
+// gelu_and_backward is gelu and gelu_backward in one pass: the same formulas, so the same values
+// to fp32 rounding (1e-6 relative; FMA contraction may differ between the loops), for fp32 and
+// bf16 (one rounding of the same fp32 value: at most one bf16 ulp, 2^-7 relative), and the
+// plain ops on a non-contiguous input.
+TEST(Activation, GeluAndBackwardMatchesSeparateOps) {
+  Generator gen(41);
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    Tensor x = mul(randn({70001}, {}, &gen), 3.0).to(dt), g = randn({70001}, {}, &gen).to(dt);
+    auto [y, dx] = gelu_and_backward(g, x, GeluApprox::Tanh);
+    Tensor y_ref = gelu(x, GeluApprox::Tanh), dx_ref = gelu_backward(g, x, GeluApprox::Tanh);
+    const double tol = dt == DType::Float32 ? 1e-6 : std::ldexp(1.0, -7);
+    auto a = to_vector<float>(y.to(DType::Float32)), b = to_vector<float>(y_ref.to(DType::Float32));
+    auto c = to_vector<float>(dx.to(DType::Float32)),
+         d = to_vector<float>(dx_ref.to(DType::Float32));
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(a[i], b[i], tol * (std::fabs(b[i]) + 1e-3)) << dtype_name(dt) << " y " << i;
+      ASSERT_NEAR(c[i], d[i], tol * (std::fabs(d[i]) + 1e-3)) << dtype_name(dt) << " dx " << i;
+    }
+  }
+  Tensor xt = randn({40, 30}).t(), gt = randn({30, 40});
+  auto [y2, dx2] = gelu_and_backward(gt, xt, GeluApprox::Tanh);
+  EXPECT_EQ(sum(ne(y2, gelu(xt, GeluApprox::Tanh))).item<int64_t>(), 0);
+  EXPECT_EQ(sum(ne(dx2, gelu_backward(gt, xt, GeluApprox::Tanh))).item<int64_t>(), 0);
+  EXPECT_THROW(gelu_and_backward(randn({3}), randn({4}), GeluApprox::Tanh), Error);
+}
