@@ -279,6 +279,9 @@ TEST(DDP, FiveAdamWStepsMatchSingleProcess) {
     const double norm = optim::clip_grad_norm_(model->parameters(), 0.5);
     opt.step();
     expect_step_matches(*comm, loss, norm, want, 0.5, "step " + std::to_string(step));
+    // From step 1 on the parameters themselves differ by rounding, so only the first step's
+    // gradients are a like-for-like comparison (Note [DP tolerance]).
+    if (step == 0) expect_grads_match(*model, *ref, "step 0");
   }
   expect_params_match_and_replicated(*comm, *model, *ref);
 }
