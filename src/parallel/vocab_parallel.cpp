@@ -268,60 +268,65 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   for (int64_t t : to_vector<int64_t>(targets)) valid += t != ignore_index ? 1 : 0;
   Tensor hd = h.detach(), wd = w_shard.detach(), tg = targets.detach();
 
+  // As td::linear_cross_entropy (Note [Chunked LM head]): when a gradient is needed the forward
+  // also forms d h (this rank's partial over its vocabulary columns) and d w_shard chunk by
+  // chunk, while the chunk's logits exist, and backward only scales them. The loss's reductions
+  // over tp and those of its gradient all run in the forward, in the same order on every rank.
+  const bool grad = autograd::needs_grad({h, w_shard});
+  const bool need_h = grad && h.requires_grad(), need_w = grad && w_shard.requires_grad();
+  Tensor gh = need_h ? zeros(hd.sizes(), {hd.dtype()}) : Tensor();
+  Tensor gw = need_w ? zeros(wd.sizes(), {DType::Float32}) : Tensor();
   double total = 0.0;
-  {
-    autograd::NoGradGuard ng;
-    for (int64_t r0 = 0; r0 < n; r0 += rows) {
-      const int64_t k = std::min(rows, n - r0);
-      Tensor l = logits_fp32(hd.narrow(0, r0, k), wd);
-      total += vocab_parallel_cross_entropy(l, tg.narrow(0, r0, k), tp, vocab_start,
-                                            true_vocab_size, ignore_index, Reduction::Sum)
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t k = std::min(rows, n - r0);
+    Tensor hc = hd.narrow(0, r0, k), tc = tg.narrow(0, r0, k);
+    Tensor l;
+    {
+      autograd::NoGradGuard ng;
+      l = logits_fp32(hc, wd);
+    }
+    if (!grad) {
+      autograd::NoGradGuard ng;
+      total += vocab_parallel_cross_entropy(l, tc, tp, vocab_start, true_vocab_size, ignore_index,
+                                            Reduction::Sum)
                    .item<float>();
+      continue;
+    }
+    Tensor dl;
+    {
+      autograd::GradModeGuard on(true);
+      l.set_requires_grad(true);
+      Tensor loss = vocab_parallel_cross_entropy(l, tc, tp, vocab_start, true_vocab_size,
+                                                 ignore_index, Reduction::Sum);
+      total += loss.item<float>();
+      dl = autograd::grad({loss}, {l}, {})[0];
+    }
+    autograd::NoGradGuard ng;
+    l = Tensor();
+    if (need_h) {
+      Tensor d = dl.dtype() == hd.dtype() ? dl : to_dtype(dl, hd.dtype());
+      gh.narrow(0, r0, k).copy_(mm(d, wd));
+    }
+    if (need_w) {
+      Tensor hf = hc.dtype() == DType::Float32 ? hc : to_dtype(hc, DType::Float32);
+      add_(gw, mm(transpose(dl, 0, 1), hf));
     }
   }
   Tensor out = Tensor::empty({}, DType::Float32);
   *out.data_ptr<float>() = valid > 0 ? static_cast<float>(total / static_cast<double>(valid))
                                      : std::numeric_limits<float>::quiet_NaN();
-  if (autograd::needs_grad({h, w_shard})) {
+  if (grad) {
     autograd::record(
         "VocabParallelLinearCrossEntropyBackward", {h, w_shard}, {&out},
-        [hd, wd, tg, tp, vocab_start, true_vocab_size, ignore_index, rows, valid](
-            const TensorList& g, const std::vector<bool>& need) {
-          const int64_t n = hd.size(0);
-          const float scale = valid > 0 ? g[0].item<float>() / static_cast<float>(valid) : 0.0f;
-          Tensor gh = need[0] ? zeros(hd.sizes(), {hd.dtype()}) : Tensor();
-          Tensor gw = need[1] ? zeros(wd.sizes(), {DType::Float32}) : Tensor();
-          for (int64_t r0 = 0; r0 < n; r0 += rows) {
-            const int64_t k = std::min(rows, n - r0);
-            Tensor hc = hd.narrow(0, r0, k);
-            // Recompute the chunk's logits and loss (the same reductions over tp as forward, on
-            // every rank in the same order) and differentiate the loss w.r.t. the logits.
-            Tensor dl;
-            {
-              autograd::GradModeGuard on(true);
-              Tensor leaf;
-              {
-                autograd::NoGradGuard ng;
-                leaf = logits_fp32(hc, wd);
-              }
-              leaf.set_requires_grad(true);
-              Tensor loss =
-                  vocab_parallel_cross_entropy(leaf, tg.narrow(0, r0, k), tp, vocab_start,
-                                               true_vocab_size, ignore_index, Reduction::Sum);
-              dl = autograd::grad({loss}, {leaf}, {full_like(loss, scale)})[0];
-            }
-            autograd::NoGradGuard ng;
-            if (need[0]) {
-              Tensor d = dl.dtype() == hd.dtype() ? dl : to_dtype(dl, hd.dtype());
-              gh.narrow(0, r0, k).copy_(mm(d, wd));
-            }
-            if (need[1]) {
-              Tensor hf = hc.dtype() == DType::Float32 ? hc : to_dtype(hc, DType::Float32);
-              add_(gw, mm(transpose(dl, 0, 1), hf));
-            }
-          }
-          if (need[1] && wd.dtype() != DType::Float32) gw = to_dtype(gw, wd.dtype());
-          return TensorList{gh, gw};
+        [gh, gw, valid, wdtype = wd.dtype()](const TensorList& g, const std::vector<bool>& need) {
+          // New tensors, not the saved ones: a retained graph's second backward
+          // must find them unchanged.
+          autograd::NoGradGuard ng;
+          const double s = valid > 0 ? g[0].item_double() / static_cast<double>(valid) : 0.0;
+          Tensor dh = need[0] && gh.defined() ? mul(gh, s) : Tensor();
+          Tensor dw = need[1] && gw.defined() ? mul(gw, s) : Tensor();
+          if (dw.defined() && wdtype != DType::Float32) dw = to_dtype(dw, wdtype);
+          return TensorList{dh, dw};
         });
   }
   return out;

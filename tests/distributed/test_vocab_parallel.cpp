@@ -265,8 +265,16 @@ TEST(VocabParallel, LinearCrossEntropyChunkedMatchesUnfused) {
   EXPECT_NEAR(got.item<float>(), want.item<float>(), 1e-5 * std::abs(want.item<float>()));
   expect_near_all(h2.grad(), h1.grad(), 1e-6, "d h (this rank's partial sum)");
   expect_near_all(w2.grad(), w1.grad(), 1e-6, "d w_shard");
-  EXPECT_THROW(vocab_parallel_linear_cross_entropy(h2, w2, targets.narrow(0, 0, 5), tp, r.start,
-                                                   V),
+  // The gradients are formed in the forward and scaled in backward: a retained graph run twice
+  // accumulates exactly twice the first run's gradients (and runs no collective in backward).
+  Tensor h3 = leaf(h_full), w3 = leaf(w1);
+  Tensor twice = vocab_parallel_linear_cross_entropy(h3, w3, targets, tp, r.start, V);
+  twice.backward(Tensor(), /*retain_graph=*/true);
+  std::vector<float> first = to_vector<float>(h3.grad());
+  twice.backward();
+  std::vector<float> second = to_vector<float>(h3.grad());
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(second[i], 2.0f * first[i]) << i;
+  EXPECT_THROW(vocab_parallel_linear_cross_entropy(h2, w2, targets.narrow(0, 0, 5), tp, r.start, V),
                Error);
 }
 

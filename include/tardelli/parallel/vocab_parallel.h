@@ -63,9 +63,9 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
 // td::linear_cross_entropy, Note [Chunked LM head]): the mean vocab-parallel cross-entropy of
 // logits = h w_shard^T for h [N, d] (the same on every tp rank), w_shard [V_pad/tp, d] (columns
 // [vocab_start, ...) of the padded vocabulary), targets [N]. Rows go in chunks of at most
-// chunk_elems local logits: forward keeps only h, w_shard and targets (not the [N, V_pad/tp]
-// logits), and backward recomputes each chunk's logits and its cross-entropy (the same
-// reductions over tp) to form d logits chunk by chunk. d h is this rank's partial sum over its
+// chunk_elems local logits, and the [N, V_pad/tp] logits are never held whole: when a gradient
+// is needed the forward also forms d h and d w_shard chunk by chunk (all reductions over tp
+// happen in the forward) and keeps only those for backward. d h is this rank's partial sum over its
 // vocabulary columns: wrap h in copy_to_region (or gather_from_sequence) so that backward
 // completes it over tp. Returns an fp32 scalar, identical on every rank (all rows ignored: NaN).
 Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shard,
