@@ -102,4 +102,43 @@ inline uint32_t float_bits(float f) {
   return b;
 }
 
+// A CUDA result (moved back) against the CPU's: same dtype and shape; floats within rtol
+// (relative, plus rtol * 1e-3 absolute; infinities exact), bitwise when rtol == 0; a NaN only
+// has to match a NaN; integers exact.
+inline void expect_same_values(const Tensor& want, const Tensor& got_any, double rtol,
+                               const std::string& what) {
+  Tensor got = got_any.to(kCPU);
+  ASSERT_EQ(want.dtype(), got.dtype()) << what;
+  ASSERT_EQ(want.sizes(), got.sizes()) << what;
+  if (is_floating(want.dtype())) {
+    auto w = to_vector<float>(want), g = to_vector<float>(got);
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (std::isnan(w[i]) || std::isnan(g[i])) {
+        ASSERT_TRUE(std::isnan(w[i]) && std::isnan(g[i]))
+            << what << " at " << i << ": want " << w[i] << " got " << g[i];
+        continue;
+      }
+      if (rtol == 0) {
+        ASSERT_EQ(float_bits(w[i]), float_bits(g[i]))
+            << what << " at " << i << ": want " << w[i] << " got " << g[i];
+      } else if (std::isinf(w[i])) {
+        ASSERT_EQ(w[i], g[i]) << what << " at " << i;
+      } else {
+        ASSERT_NEAR(w[i], g[i], rtol * std::fabs(w[i]) + rtol * 1e-3) << what << " at " << i;
+      }
+    }
+  } else {
+    auto w = to_vector<int64_t>(want), g = to_vector<int64_t>(got);
+    for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(w[i], g[i]) << what << " at " << i;
+  }
+}
+
+// Two results (any device) with the same bytes.
+inline void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  const Tensor ca = a.to(kCPU).contiguous(), cb = b.to(kCPU).contiguous();
+  ASSERT_EQ(ca.dtype(), cb.dtype()) << what;
+  ASSERT_EQ(ca.sizes(), cb.sizes()) << what;
+  EXPECT_EQ(std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()), 0) << what;
+}
+
 }  // namespace td::test

@@ -19,25 +19,6 @@ using namespace td::test;
 
 namespace {
 
-// Same dtype, shape and values; floats compared bit for bit after exact widening to float,
-// except that a NaN only has to match a NaN.
-void expect_same(const Tensor& want, const Tensor& got_any, const std::string& what) {
-  Tensor got = got_any.to(kCPU);
-  ASSERT_EQ(want.dtype(), got.dtype()) << what;
-  ASSERT_EQ(want.sizes(), got.sizes()) << what;
-  if (is_floating(want.dtype())) {
-    auto w = to_vector<float>(want), g = to_vector<float>(got);
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (std::isnan(w[i]) && std::isnan(g[i])) continue;
-      ASSERT_EQ(float_bits(w[i]), float_bits(g[i]))
-          << what << " at " << i << ": want " << w[i] << " got " << g[i];
-    }
-  } else {
-    auto w = to_vector<int64_t>(want), g = to_vector<int64_t>(got);
-    for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(w[i], g[i]) << what << " at " << i;
-  }
-}
-
 // Values of every kind a cast meets: fractions, negatives, integers beyond 2^24 (rounding in
 // float), and, for float -> float casts, inf, NaN, values that overflow f16 and subnormals.
 Tensor source_values(DType src, DType dst, int64_t n) {
@@ -67,7 +48,7 @@ TEST(CopyCuda, RoundTripEveryDtypeIsBitwise) {
       Tensor g = x.to(gpu());
       EXPECT_TRUE(g.is_cuda());
       EXPECT_EQ(g.dtype(), dt);
-      expect_same(x, g.to(kCPU), std::string("round trip ") + dtype_name(dt));
+      expect_same_values(x, g.to(kCPU), 0.0, std::string("round trip ") + dtype_name(dt));
     }
   }
 }
@@ -78,13 +59,13 @@ TEST(CopyCuda, CastEveryPairMatchesCpu) {
     for (DType dst : kAll) {
       Tensor x = source_values(src, dst, 4099);
       std::string what = std::string(dtype_name(src)) + " -> " + dtype_name(dst);
-      expect_same(x.to(dst), x.to(gpu()).to(dst), what);
+      expect_same_values(x.to(dst), x.to(gpu()).to(dst), 0.0, what);
       // Strided source and destination (the strided kernel, not the vector one).
       Tensor x2 = x.narrow(0, 1, 4096).view({64, 64}).t();
-      expect_same(x2.to(dst), x2.to(gpu()).to(dst), what + " (transposed)");
+      expect_same_values(x2.to(dst), x2.to(gpu()).to(dst), 0.0, what + " (transposed)");
       Tensor d = zeros({64, 128}, {dst, gpu()}).slice(1, 0, 128, 2);
       d.copy_(x2.to(gpu()));
-      expect_same(x2.to(dst), d, what + " (into a strided view)");
+      expect_same_values(x2.to(dst), d, 0.0, what + " (into a strided view)");
     }
   }
 }
@@ -100,21 +81,23 @@ TEST(CopyCuda, StridedBroadcastZeroDimAndEmpty) {
          {Shape{3, 2, 1, 0}, Shape{0, 2, 1, 3}, Shape{1, 3, 0, 2}, Shape{2, 0, 3, 1}}) {
       Tensor p = g.permute(perm).contiguous();
       EXPECT_TRUE(p.is_contiguous());
-      expect_same(x.permute(perm).contiguous(), p, name + " permute");
+      expect_same_values(x.permute(perm).contiguous(), p, 0.0, name + " permute");
     }
     // Slices with steps, selected rows, expanded (stride 0) sources.
-    expect_same(x.slice(3, 1, 7, 3).contiguous(), g.slice(3, 1, 7, 3).contiguous(),
-                name + " slice");
-    expect_same(x.select(1, 2).contiguous(), g.select(1, 2).contiguous(), name + " select");
+    expect_same_values(x.slice(3, 1, 7, 3).contiguous(), g.slice(3, 1, 7, 3).contiguous(), 0.0,
+                       name + " slice");
+    expect_same_values(x.select(1, 2).contiguous(), g.select(1, 2).contiguous(), 0.0,
+                       name + " select");
     Tensor row = x.select(0, 1).select(0, 0).select(0, 3);  // [7]
     Tensor e = empty({4, 5, 7}, {dt, gpu()});
     e.copy_(row.to(gpu()));
-    expect_same(row.expand({4, 5, 7}).contiguous(), e, name + " broadcast copy_");
-    expect_same(x.select(0, 1).unsqueeze(0).expand({3, 3, 5, 7}).contiguous(),
-                g.select(0, 1).unsqueeze(0).expand({3, 3, 5, 7}).contiguous(), name + " expand");
+    expect_same_values(row.expand({4, 5, 7}).contiguous(), e, 0.0, name + " broadcast copy_");
+    expect_same_values(x.select(0, 1).unsqueeze(0).expand({3, 3, 5, 7}).contiguous(),
+                       g.select(0, 1).unsqueeze(0).expand({3, 3, 5, 7}).contiguous(), 0.0,
+                       name + " expand");
     // 0-d tensors and empty tensors.
     Tensor s = x.view({-1}).select(0, 11);
-    expect_same(s.clone(), s.to(gpu()).clone(), name + " 0-d");
+    expect_same_values(s.clone(), s.to(gpu()).clone(), 0.0, name + " 0-d");
     Tensor z = empty({0, 5}, {dt, gpu()});
     EXPECT_EQ(z.clone().numel(), 0);
     EXPECT_EQ(z.t().contiguous().numel(), 0);
@@ -128,8 +111,8 @@ TEST(CopyCuda, LargeTensors) {
   const int64_t rows = 4099, cols = 5003;  // 20.5M elements, odd sizes
   Tensor x = randn({rows, cols});
   Tensor g = x.to(gpu());
-  expect_same(x.to(DType::BFloat16), g.to(DType::BFloat16), "large cast");
-  expect_same(x.t().contiguous(), g.t().contiguous(), "large transpose");
+  expect_same_values(x.to(DType::BFloat16), g.to(DType::BFloat16), 0.0, "large cast");
+  expect_same_values(x.t().contiguous(), g.t().contiguous(), 0.0, "large transpose");
   Tensor f = empty({rows, cols}, {DType::Float16, gpu()});
   f.fill_(-2.5);
   auto v = to_vector<float>(f.slice(0, rows - 2, rows));
@@ -146,10 +129,10 @@ TEST(CopyCuda, FillOnStridedViewsLeavesTheRest) {
       g.slice(1, 1, 10, 3).fill_(value);
       c.t().select(0, 4).fill_(value + 1);
       g.t().select(0, 4).fill_(value + 1);
-      expect_same(c, g, std::string("fill_ ") + dtype_name(dt));
+      expect_same_values(c, g, 0.0, std::string("fill_ ") + dtype_name(dt));
       Tensor c2 = full({1001}, value, {dt, kCPU});
       Tensor g2 = full({1001}, value, {dt, gpu()});
-      expect_same(c2, g2, std::string("full ") + dtype_name(dt));
+      expect_same_values(c2, g2, 0.0, std::string("full ") + dtype_name(dt));
     }
   }
 }
@@ -174,7 +157,7 @@ TEST(CopyCuda, ToDeviceCarriesGradientsBack) {
   Tensor a = randn({4, 6}, {DType::Float32, gpu()}).set_requires_grad(true);
   Tensor b = a.t().contiguous().clone().to(kCPU);
   sum(b).backward();
-  expect_same(ones({4, 6}), a.grad(), "clone/contiguous gradient");
+  expect_same_values(ones({4, 6}), a.grad(), 0.0, "clone/contiguous gradient");
 }
 
 TEST(CopyCuda, CatStackSplit) {
@@ -184,23 +167,24 @@ TEST(CopyCuda, CatStackSplit) {
     Tensor b = source_values(dt, dt, 2 * 5 * 4).view({2, 5, 4});
     Tensor ga = a.to(gpu()), gb = b.to(gpu());
     std::string name = dtype_name(dt);
-    expect_same(cat({a, b}, 1), cat({ga, gb}, 1), name + " cat");
-    expect_same(cat({a.transpose(0, 2), b.transpose(0, 2)}, 1),
-                cat({ga.transpose(0, 2), gb.transpose(0, 2)}, 1), name + " cat strided");
-    expect_same(stack({a, a}, 2), stack({ga, ga}, 2), name + " stack");
+    expect_same_values(cat({a, b}, 1), cat({ga, gb}, 1), 0.0, name + " cat");
+    expect_same_values(cat({a.transpose(0, 2), b.transpose(0, 2)}, 1),
+                       cat({ga.transpose(0, 2), gb.transpose(0, 2)}, 1), 0.0,
+                       name + " cat strided");
+    expect_same_values(stack({a, a}, 2), stack({ga, ga}, 2), 0.0, name + " stack");
     auto cs = split(b, 2, 1);
     auto gs = split(gb, 2, 1);
     ASSERT_EQ(cs.size(), gs.size());
     for (size_t i = 0; i < cs.size(); ++i)
-      expect_same(cs[i].contiguous(), gs[i].contiguous(), name + " split");
+      expect_same_values(cs[i].contiguous(), gs[i].contiguous(), 0.0, name + " split");
   }
   // Gradients through cat on CUDA.
   Tensor a = randn({3, 4}, {DType::Float32, gpu()}).set_requires_grad(true);
   Tensor b = randn({2, 4}, {DType::Float32, gpu()}).set_requires_grad(true);
   Tensor w = randn({5, 4});
   sum(mul(cat({a, b}, 0).to(kCPU), w)).backward();
-  expect_same(w.narrow(0, 0, 3).contiguous(), a.grad(), "cat gradient a");
-  expect_same(w.narrow(0, 3, 2).contiguous(), b.grad(), "cat gradient b");
+  expect_same_values(w.narrow(0, 0, 3).contiguous(), a.grad(), 0.0, "cat gradient a");
+  expect_same_values(w.narrow(0, 3, 2).contiguous(), b.grad(), 0.0, "cat gradient b");
 }
 
 TEST(CopyCuda, MixedDevicesAreErrorsNamingTheOp) {
@@ -222,8 +206,8 @@ TEST(CopyCuda, MixedDevicesAreErrorsNamingTheOp) {
   // copy_ between devices is allowed and converts.
   Tensor d = empty({4}, {DType::BFloat16, gpu()});
   d.copy_(c);
-  expect_same(c.to(DType::BFloat16), d, "copy_ across devices");
+  expect_same_values(c.to(DType::BFloat16), d, 0.0, "copy_ across devices");
   Tensor h = empty({2, 4}, {DType::Float32, kCPU});
   h.copy_(g);  // broadcast from CUDA
-  expect_same(g.to(kCPU).expand({2, 4}).contiguous(), h, "broadcast copy_ to the CPU");
+  expect_same_values(g.to(kCPU).expand({2, 4}).contiguous(), h, 0.0, "broadcast copy_ to the CPU");
 }

@@ -26,34 +26,6 @@ using namespace td::test;
 
 namespace {
 
-// rtol == 0: bitwise (a NaN only has to match a NaN).
-void expect_close(const Tensor& want, const Tensor& got_any, double rtol, const std::string& what) {
-  Tensor got = got_any.to(kCPU);
-  ASSERT_EQ(want.dtype(), got.dtype()) << what;
-  ASSERT_EQ(want.sizes(), got.sizes()) << what;
-  if (is_floating(want.dtype())) {
-    auto w = to_vector<float>(want), g = to_vector<float>(got);
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (std::isnan(w[i]) || std::isnan(g[i])) {
-        ASSERT_TRUE(std::isnan(w[i]) && std::isnan(g[i]))
-            << what << " at " << i << ": want " << w[i] << " got " << g[i];
-        continue;
-      }
-      if (rtol == 0) {
-        ASSERT_EQ(float_bits(w[i]), float_bits(g[i]))
-            << what << " at " << i << ": want " << w[i] << " got " << g[i];
-      } else if (std::isinf(w[i])) {
-        ASSERT_EQ(w[i], g[i]) << what << " at " << i;
-      } else {
-        ASSERT_NEAR(w[i], g[i], rtol * std::fabs(w[i]) + rtol * 1e-3) << what << " at " << i;
-      }
-    }
-  } else {
-    auto w = to_vector<int64_t>(want), g = to_vector<int64_t>(got);
-    for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(w[i], g[i]) << what << " at " << i;
-  }
-}
-
 double tol_for(DType dt, bool transcendental) {
   if (!transcendental) return 0.0;
   return dt == DType::Float32 ? 1e-6 : 1e-2;
@@ -99,19 +71,20 @@ TEST(ElementwiseCuda, UnaryOps) {
       Tensor base = mul(randn({37, 41}), 2.0);
       if (op.positive) base = add(abs(base), 0.01);
       for (const Case& c : layouts(base.to(dt))) {
-        expect_close(op.f(c.cpu), op.f(c.gpu), tol_for(dt, op.transcendental),
-                     std::string(op.name) + " " + dtype_name(dt) + " " + c.name);
+        expect_same_values(op.f(c.cpu), op.f(c.gpu), tol_for(dt, op.transcendental),
+                           std::string(op.name) + " " + dtype_name(dt) + " " + c.name);
       }
     }
   }
   // Integer inputs: neg/abs stay integral, math functions compute in float32.
   Tensor i = randint(-50, 50, {1001}, {DType::Int32, kCPU});
-  expect_close(neg(i), neg(i.to(gpu())), 0, "neg int32");
-  expect_close(abs(i.to(DType::Int64)), abs(i.to(DType::Int64).to(gpu())), 0, "abs int64");
-  expect_close(exp(i), exp(i.to(gpu())), 1e-6, "exp int32");
-  expect_close(logical_not(i), logical_not(i.to(gpu())), 0, "logical_not int32");
+  expect_same_values(neg(i), neg(i.to(gpu())), 0, "neg int32");
+  expect_same_values(abs(i.to(DType::Int64)), abs(i.to(DType::Int64).to(gpu())), 0, "abs int64");
+  expect_same_values(exp(i), exp(i.to(gpu())), 1e-6, "exp int32");
+  expect_same_values(logical_not(i), logical_not(i.to(gpu())), 0, "logical_not int32");
   Tensor f = randn({999});
-  expect_close(logical_not(gt(f, 0.0)), logical_not(gt(f, 0.0).to(gpu())), 0, "logical_not bool");
+  expect_same_values(logical_not(gt(f, 0.0)), logical_not(gt(f, 0.0).to(gpu())), 0,
+                     "logical_not bool");
 }
 
 TEST(ElementwiseCuda, BinaryOpsBroadcastAndPromote) {
@@ -143,10 +116,10 @@ TEST(ElementwiseCuda, BinaryOpsBroadcastAndPromote) {
         if (!is_floating(dt)) b = add(abs(b), 1.0);  // no division by zero
         std::string what =
             std::string(op.name) + " " + dtype_name(dt) + " " + shape_str(sa) + " " + shape_str(sb);
-        expect_close(op.f(a, b), op.f(a.to(gpu()), b.to(gpu())), tol_for(dt, op.transcendental),
-                     what);
-        expect_close(op.f(b, a), op.f(b.to(gpu()), a.to(gpu())), tol_for(dt, op.transcendental),
-                     what + " swapped");
+        expect_same_values(op.f(a, b), op.f(a.to(gpu()), b.to(gpu())),
+                           tol_for(dt, op.transcendental), what);
+        expect_same_values(op.f(b, a), op.f(b.to(gpu()), a.to(gpu())),
+                           tol_for(dt, op.transcendental), what + " swapped");
       }
     }
   }
@@ -156,14 +129,15 @@ TEST(ElementwiseCuda, BinaryOpsBroadcastAndPromote) {
     Tensor other = randn({41});
     if (c.cpu.dim() == 2 && c.cpu.size(1) != 41) other = randn({c.cpu.size(1)});
     if (c.cpu.dim() == 1) other = randn({c.cpu.size(0)});
-    expect_close(mul(c.cpu, other), mul(c.gpu, other.to(gpu())), 0, "mul " + c.name);
+    expect_same_values(mul(c.cpu, other), mul(c.gpu, other.to(gpu())), 0, "mul " + c.name);
     Tensor ci = mul(c.cpu, 10.0).to(DType::Int32);
     Tensor gi = mul(c.gpu, 10.0).to(DType::Int32);
-    expect_close(add(ci, other.to(DType::BFloat16)), add(gi, other.to(DType::BFloat16).to(gpu())),
-                 0, "add int32 + bf16 " + c.name);
-    expect_close(mul(c.cpu.to(DType::BFloat16), other.to(DType::Float16)),
-                 mul(c.gpu.to(DType::BFloat16), other.to(DType::Float16).to(gpu())), 0,
-                 "mul bf16 * f16 " + c.name);
+    expect_same_values(add(ci, other.to(DType::BFloat16)),
+                       add(gi, other.to(DType::BFloat16).to(gpu())), 0,
+                       "add int32 + bf16 " + c.name);
+    expect_same_values(mul(c.cpu.to(DType::BFloat16), other.to(DType::Float16)),
+                       mul(c.gpu.to(DType::BFloat16), other.to(DType::Float16).to(gpu())), 0,
+                       "mul bf16 * f16 " + c.name);
   }
 }
 
@@ -175,8 +149,8 @@ TEST(ElementwiseCuda, ScalarOpsAndClamp) {
       std::string what = std::string(dtype_name(dt)) + " " + c.name;
       auto check = [&](const char* name, const std::function<Tensor(const Tensor&)>& f,
                        bool transcendental) {
-        expect_close(f(c.cpu), f(c.gpu), tol_for(dt, transcendental),
-                     std::string(name) + " " + what);
+        expect_same_values(f(c.cpu), f(c.gpu), tol_for(dt, transcendental),
+                           std::string(name) + " " + what);
       };
       check(
           "add 3", [](const Tensor& x) { return add(x, 3.0); }, false);
@@ -227,12 +201,15 @@ TEST(ElementwiseCuda, ComparisonsEveryDtype) {
     Tensor b = randint(-2, 3, {41}, {DType::Int64, kCPU}).to(dt);
     for (size_t k = 0; k < ops.size(); ++k) {
       std::string what = std::string(dtype_name(dt)) + " op " + std::to_string(k);
-      expect_close(ops[k].first(a, b), ops[k].first(a.to(gpu()), b.to(gpu())), 0, what);
-      expect_close(ops[k].first(a.t(), b.unsqueeze(1)),
-                   ops[k].first(a.to(gpu()).t(), b.to(gpu()).unsqueeze(1)), 0, what + " strided");
+      expect_same_values(ops[k].first(a, b), ops[k].first(a.to(gpu()), b.to(gpu())), 0, what);
+      expect_same_values(ops[k].first(a.t(), b.unsqueeze(1)),
+                         ops[k].first(a.to(gpu()).t(), b.to(gpu()).unsqueeze(1)), 0,
+                         what + " strided");
       if (dt != DType::Bool) {
-        expect_close(ops[k].second(a, 1.0), ops[k].second(a.to(gpu()), 1.0), 0, what + " scalar");
-        expect_close(ops[k].second(a, 0.5), ops[k].second(a.to(gpu()), 0.5), 0, what + " 0.5");
+        expect_same_values(ops[k].second(a, 1.0), ops[k].second(a.to(gpu()), 1.0), 0,
+                           what + " scalar");
+        expect_same_values(ops[k].second(a, 0.5), ops[k].second(a.to(gpu()), 0.5), 0,
+                           what + " 0.5");
       }
     }
   }
@@ -247,26 +224,29 @@ TEST(ElementwiseCuda, WhereMaskedFillTrilTriu) {
     Tensor y = mul(randn({37, 1}), 3.0).to(dt);
     Tensor cond = gt(randn({41}), 0.0);
     Tensor gx = x.to(gpu()), gy = y.to(gpu()), gc = cond.to(gpu());
-    expect_close(where(cond, x, y), where(gc, gx, gy), 0, "where " + name);
-    expect_close(where(cond.unsqueeze(1), x.transpose(1, 2), y.t()),
-                 where(gc.unsqueeze(1), gx.transpose(1, 2), gy.t()), 0, "where strided " + name);
-    expect_close(masked_fill(x, cond, -7.5), masked_fill(gx, gc, -7.5), 0, "masked_fill " + name);
+    expect_same_values(where(cond, x, y), where(gc, gx, gy), 0, "where " + name);
+    expect_same_values(where(cond.unsqueeze(1), x.transpose(1, 2), y.t()),
+                       where(gc.unsqueeze(1), gx.transpose(1, 2), gy.t()), 0,
+                       "where strided " + name);
+    expect_same_values(masked_fill(x, cond, -7.5), masked_fill(gx, gc, -7.5), 0,
+                       "masked_fill " + name);
     Tensor m2 = gt(randn({3, 41, 37}), 0.5);
-    expect_close(masked_fill(x.transpose(1, 2), m2, 2.0),
-                 masked_fill(gx.transpose(1, 2), m2.to(gpu()), 2.0), 0,
-                 "masked_fill strided " + name);
+    expect_same_values(masked_fill(x.transpose(1, 2), m2, 2.0),
+                       masked_fill(gx.transpose(1, 2), m2.to(gpu()), 2.0), 0,
+                       "masked_fill strided " + name);
     for (int64_t k : {-40, -3, 0, 1, 5, 50}) {
-      expect_close(tril(x, k), tril(gx, k), 0, "tril " + name + " k=" + std::to_string(k));
-      expect_close(triu(x, k), triu(gx, k), 0, "triu " + name + " k=" + std::to_string(k));
-      expect_close(triu(x.transpose(1, 2), k), triu(gx.transpose(1, 2), k), 0,
-                   "triu strided " + name);
+      expect_same_values(tril(x, k), tril(gx, k), 0, "tril " + name + " k=" + std::to_string(k));
+      expect_same_values(triu(x, k), triu(gx, k), 0, "triu " + name + " k=" + std::to_string(k));
+      expect_same_values(triu(x.transpose(1, 2), k), triu(gx.transpose(1, 2), k), 0,
+                         "triu strided " + name);
     }
-    expect_close(tril(x.narrow(1, 0, 0)), tril(gx.narrow(1, 0, 0)), 0, "tril empty " + name);
+    expect_same_values(tril(x.narrow(1, 0, 0)), tril(gx.narrow(1, 0, 0)), 0, "tril empty " + name);
   }
   // where promotes (int32, float32 -> float32).
   Tensor a = randint(-5, 5, {10}, {DType::Int32, kCPU}), b = randn({10});
   Tensor c = gt(randn({10}), 0.0);
-  expect_close(where(c, a, b), where(c.to(gpu()), a.to(gpu()), b.to(gpu())), 0, "where promote");
+  expect_same_values(where(c, a, b), where(c.to(gpu()), a.to(gpu()), b.to(gpu())), 0,
+                     "where promote");
 }
 
 TEST(ElementwiseCuda, InPlaceOnStridedViews) {
@@ -281,7 +261,7 @@ TEST(ElementwiseCuda, InPlaceOnStridedViews) {
     Tensor ct = c.t(), gt_ = g.t();
     mul_(ct, -1.5);
     mul_(gt_, -1.5);
-    expect_close(c, g, 0, std::string("in place ") + dtype_name(dt));
+    expect_same_values(c, g, 0, std::string("in place ") + dtype_name(dt));
   }
 }
 
@@ -330,7 +310,7 @@ TEST(ElementwiseCuda, Gradients) {
     double tol = (name == "unary" || name == "pow" || name == "scalar") ? 1e-5 : 0.0;
     // Broadcast gradients are summed by the reduction kernels (their order may differ).
     double tol_b = name == "select" ? tol : std::max(tol, 1e-5);
-    expect_close(ca, ga, tol, name + " grad a");
-    expect_close(cb, gb, tol_b, name + " grad b");
+    expect_same_values(ca, ga, tol, name + " grad a");
+    expect_same_values(cb, gb, tol_b, name + " grad b");
   }
 }

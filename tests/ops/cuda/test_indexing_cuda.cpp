@@ -27,14 +27,6 @@ Tensor indices(int64_t n, int64_t size, DType dt, uint64_t seed) {
   return randint(0, size, {n}, {dt, kCPU, false}, &gen);
 }
 
-// Same dtype, shape and bytes (a CUDA result against the CPU's).
-void expect_bitwise(const Tensor& want, const Tensor& got_any, const std::string& what) {
-  const Tensor w = want.contiguous(), g = got_any.to(kCPU).contiguous();
-  ASSERT_EQ(w.dtype(), g.dtype()) << what;
-  ASSERT_EQ(w.sizes(), g.sizes()) << what;
-  EXPECT_EQ(std::memcmp(w.data_ptr(), g.data_ptr(), w.nbytes()), 0) << what;
-}
-
 std::string what(const char* op, const Tensor& x, int64_t dim, const Tensor& idx) {
   return std::string(op) + " " + describe(x) + " dim " + std::to_string(dim) + " index " +
          describe(idx);

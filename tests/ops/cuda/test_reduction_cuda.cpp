@@ -55,14 +55,6 @@ void expect_exact(const Tensor& want, const Tensor& got_gpu, const std::string& 
   expect_match(want, got_gpu, 0.0, 0.0, what);
 }
 
-// Two results (any device) with the same bytes.
-void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
-  const Tensor ca = a.to(kCPU).contiguous(), cb = b.to(kCPU).contiguous();
-  ASSERT_EQ(ca.dtype(), cb.dtype()) << what;
-  ASSERT_EQ(ca.sizes(), cb.sizes()) << what;
-  EXPECT_EQ(std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()), 0) << what;
-}
-
 std::string name(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
   return std::string(op) + " " + describe(x) + " dims " + shape_str(dims) +
          (keepdim ? " keepdim" : "");
