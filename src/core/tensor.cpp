@@ -36,6 +36,9 @@ int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "
 int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  // As in torch, a tensor without elements is contiguous whatever its strides
+  // (contiguous_strides gives a size-0 dim the stride of a size-1 one).
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (impl_->sizes[i] == 1) continue;

@@ -18,6 +18,17 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(to_vector<float>(c), to_vector<float>(t));
 }
 
+// As in torch, a tensor without elements is contiguous whatever its strides: ops that require
+// a contiguous output accept a freshly allocated empty one (the CUDA tril of an empty matrix
+// failed that check before).
+TEST(Tensor, EmptyTensorsAreContiguous) {
+  Tensor e = Tensor::empty({2, 0, 5}, DType::Float32, kCPU);
+  EXPECT_TRUE(e.is_contiguous());
+  EXPECT_TRUE(e.transpose(0, 2).is_contiguous());
+  EXPECT_TRUE(tril(zeros({3, 0, 4})).is_contiguous());
+  EXPECT_FALSE(zeros({2, 3}).transpose(0, 1).is_contiguous());
+}
+
 TEST(Tensor, BadViewIsAnError) {
   Tensor a = zeros({4, 6});
   EXPECT_THROW(a.view({5, 5}), Error);
