@@ -2,13 +2,13 @@
 //
 // Note [CUDA norm kernels]: forward: one block per row (Note [Row ownership]); the row is read
 // once with 16-byte loads into an fp32 shared-memory copy (rows up to kCacheBytes; longer rows
-// are re-read, from L2), then mean and the centred sum of squares are two passes over that copy
-// and y is written in a third (vectorized stores). Backward: a block owns a fixed chunk of rows
-// (the chunking depends only on rows and n), computes dx row by row (one pass for the two row
-// sums, one pass writing dx) and adds g * xhat and g into per-column fp32 accumulators in shared
-// memory, each column owned by one thread, so every column sums its rows in order. Each chunk
-// writes its partials to scratch [nchunks, n]; a second kernel adds the chunks in order (in
-// double). Rows too long for the shared accumulators use a separate column-tiled partials
+// are re-read, from L2), then mean and the centred sums (Note [Corrected two-pass statistics]) are
+// two passes over that copy and y is written in a third (vectorized stores). Backward: a block owns
+// a fixed chunk of rows (the chunking depends only on rows and n), computes dx row by row (one pass
+// for the two row sums, one pass writing dx) and adds g * xhat and g into per-column fp32
+// accumulators in shared memory, each column owned by one thread, so every column sums its rows in
+// order. Each chunk writes its partials to scratch [nchunks, n]; a second kernel adds the chunks in
+// order (in double). Rows too long for the shared accumulators use a separate column-tiled partials
 // kernel (a second read of g and x) with the same chunks. No atomics: bitwise deterministic.
 #include "norm/norm.cuh"
 #include "runtime/cuda_check.cuh"
@@ -43,19 +43,28 @@ __global__ void norm_forward_kernel(const T* __restrict__ x, T* __restrict__ y, 
     });
     float mu = 0.f;
     if constexpr (kLayer) mu = block_sum(s, red) * inv_n;
-    float ss = 0.f;
+    float ss = 0.f, sd = 0.f;
     if constexpr (kCache) {
       rows::for_owned<T>(n, vec, [&](int64_t j) {
         const float d = cache[j] - mu;
+        sd += d;
         ss += d * d;
       });
     } else {
       rows::for_each1(xr, n, vec, [&](int64_t, float v) {
         const float d = v - mu;
+        sd += d;
         ss += d * d;
       });
     }
-    const float rs = 1.0f / sqrtf(block_sum(ss, red) * inv_n + eps);
+    ss = block_sum(ss, red);
+    if constexpr (kLayer) {  // Note [Corrected two-pass statistics] (src/ops/norm.cpp)
+      sd = block_sum(sd, red);
+      const float c = sd * inv_n;
+      mu += c;
+      ss = fmaxf(0.f, ss - c * sd);
+    }
+    const float rs = 1.0f / sqrtf(ss * inv_n + eps);
     auto out = [&](int64_t j, float v) {
       float o = (v - mu) * rs;
       if (w != nullptr) o *= w[j];
@@ -116,9 +125,11 @@ __global__ void norm_backward_kernel(const T* __restrict__ g, const T* __restric
       const T* xr = x + r * n;
       const float mu = kLayer ? mean[r] : 0.f, rs = rstd[r];
       float s_gw = 0.f, s_gwx = 0.f;
+      // gw is rounded before use in both passes (__fmul_rn is never contracted into an FMA), so
+      // gw - mean(gw) cancels exactly where it should (a one-element row gives dx = 0).
       rows::for_each2(gr, xr, n, vec, [&](int64_t j, float gv, float xv) {
         const float xh = (xv - mu) * rs;
-        const float gw = w != nullptr ? gv * w[j] : gv;
+        const float gw = w != nullptr ? __fmul_rn(gv, w[j]) : gv;
         s_gw += gw;
         s_gwx += gw * xh;
       });
@@ -127,7 +138,7 @@ __global__ void norm_backward_kernel(const T* __restrict__ g, const T* __restric
       const float a = kLayer ? s_gw * inv_n : 0.f, bc = s_gwx * inv_n;
       rows::map2(gr, xr, dx + r * n, n, vec, [&](int64_t j, float gv, float xv) {
         const float xh = (xv - mu) * rs;
-        const float gw = w != nullptr ? gv * w[j] : gv;
+        const float gw = w != nullptr ? __fmul_rn(gv, w[j]) : gv;
         if constexpr (kAccum) {
           if (acc_w != nullptr) acc_w[j] += gv * xh;
           if (acc_b != nullptr) acc_b[j] += gv;

@@ -18,6 +18,13 @@
 // squares: no cancellation, unlike E[x^2] - E[x]^2), and y is written in a third pass. The
 // statistics are saved as fp32 [rows] whatever the dtype.
 //
+// Note [Corrected two-pass statistics]: the fp32 sum behind the first mean is off by a few ulps
+// of the row's sum, which for rows with a large offset (mean 1000, spread 1) is 1e-4 of the
+// spread: every xhat would carry that error. The centred pass therefore also sums the residuals
+// d = x - mean (a sum of small numbers, nearly exact): their mean c is the first mean's error.
+// The mean becomes mean + c and the centred sum of squares sum(d^2) - c * sum(d) (the exact
+// identity for sum((d - c)^2)), at no extra pass. CPU and CUDA kernels both do this.
+//
 // Note [Deterministic weight gradients]: dweight/dbias sum over rows. Rows are cut into a
 // number of chunks that depends only on `rows` (never on the thread count); each chunk sums its
 // rows in order into its own fp32 partial, and the partials are added in chunk order (in
@@ -109,9 +116,18 @@ void norm_forward_kernel(const T* x, T* y, float* mean_out, float* rstd_out, int
         for (int64_t j = 0; j < n; ++j) s += xr[j];
         mu = s * inv_n;
       }
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t j = 0; j < n; ++j) ss += (xr[j] - mu) * (xr[j] - mu);
+      float ss = 0.0f, sd = 0.0f;
+#pragma omp simd reduction(+ : ss, sd)
+      for (int64_t j = 0; j < n; ++j) {
+        const float d = xr[j] - mu;
+        sd += d;
+        ss += d * d;
+      }
+      if constexpr (kLayer) {  // Note [Corrected two-pass statistics]
+        const float c = sd * inv_n;
+        mu += c;
+        ss = std::max(0.0f, ss - c * sd);
+      }
       float rstd = 1.0f / std::sqrt(ss * inv_n + eps);
       if (w && b) {
         for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mu) * rstd * w[j] + b[j];
