@@ -1,5 +1,7 @@
 // Core types: the error class, dtypes, devices, Tensor (properties, views, conversions, numpy),
 // factories, memory statistics and generators.
+#include <memory>
+
 #include <pybind11/operators.h>
 
 #include "bind.h"
@@ -196,7 +198,14 @@ void bind_generator(py::module_& m) {
             g.set_state(std::get<0>(s), std::get<1>(s), std::get<2>(s));
           },
           "state"_a)
-      .def("split", &Generator::split, "index"_a)
+      // Generator holds a mutex, so it is neither copyable nor movable: the split is built in
+      // place from the returned prvalue and handed to Python as a new owned object.
+      .def(
+          "split",
+          [](const Generator& g, uint64_t index) {
+            return std::unique_ptr<Generator>(new Generator(g.split(index)));
+          },
+          "index"_a)
       .def("reserve", &Generator::reserve, "n"_a);
   m.def("default_generator", &default_generator, py::return_value_policy::reference);
   m.def(

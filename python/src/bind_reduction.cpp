@@ -45,6 +45,20 @@ void init_reduction(py::module_& m, TensorClass& cls) {
   m.def("_max_dim", max_dim, "input"_a, "dim"_a, "keepdim"_a = false, nogil());
   m.def("argmax", &argmax, "input"_a, "dim"_a = py::none(), "keepdim"_a = false, nogil());
   cls.def("argmax", &argmax, "dim"_a = py::none(), "keepdim"_a = false, nogil());
+  auto all_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
+    Shape dims = dims_from_object(dim);
+    py::gil_scoped_release unlocked;
+    return all(x, dims, keepdim);
+  };
+  auto any_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
+    Shape dims = dims_from_object(dim);
+    py::gil_scoped_release unlocked;
+    return any(x, dims, keepdim);
+  };
+  m.def("all", all_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
+  cls.def("all", all_fn, "dim"_a = py::none(), "keepdim"_a = false);
+  m.def("any", any_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
+  cls.def("any", any_fn, "dim"_a = py::none(), "keepdim"_a = false);
   m.def("amax", amax_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
   cls.def("amax", amax_fn, "dim"_a = py::none(), "keepdim"_a = false);
   m.def("var", var_fn, "input"_a, "dim"_a = py::none(), "unbiased"_a = py::none(),

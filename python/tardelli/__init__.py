@@ -10,10 +10,10 @@ from . import _tensor as _tensor_sugar
 _tensor_sugar.install()
 
 from ._C import (  # noqa: E402
-    Generator, Node, PhiloxState, Tensor, TardelliError, abs, add, amax, apply_rotary, argmax,
-    bmm, clamp, cos, cross_entropy, device, div, dropout, dtype, embedding, eq, exp, ge, gelu, gt,
-    index_add, index_select, layer_norm, le, linear, log, logical_not, lt, masked_fill, matmul,
-    maximum, mean, minimum, mm, mul, ne, neg, norm, pow, promote_types, relu, rms_norm,
+    Generator, Node, PhiloxState, Tensor, TardelliError, abs, add, all, amax, any, apply_rotary,
+    argmax, bmm, clamp, cos, cross_entropy, device, div, dropout, dtype, embedding, eq, exp, ge,
+    gelu, gt, index_add, index_select, layer_norm, le, linear, log, logical_not, lt, masked_fill,
+    matmul, maximum, mean, minimum, mm, mul, ne, neg, norm, pow, promote_types, relu, rms_norm,
     rope_cache, rsqrt, scalar_tensor, scaled_dot_product_attention, sigmoid, silu, sin, sqrt,
     sub, sum, tanh, tril, triu, var)
 from ._tensor import Size, TardelliIndexError, TardelliNotImplementedError  # noqa: E402

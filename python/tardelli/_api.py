@@ -168,6 +168,11 @@ def min(input, dim=None, keepdim=False):
     return input.min(dim, keepdim)
 
 
+def equal(input, other):
+    """True when both tensors have the same shape and the same elements (torch.equal)."""
+    return tuple(input.shape) == tuple(other.shape) and builtins.bool((input == other).all())
+
+
 def _as_operand(x, like):
     if isinstance(x, Tensor):
         return x
@@ -303,6 +308,6 @@ __all__ = [
     "rand", "randn", "randint", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
     "randn_like", "max", "min", "where", "cat", "concat", "stack", "split", "chunk", "softmax",
     "log_softmax", "transpose", "permute", "reshape", "flatten", "squeeze", "unsqueeze",
-    "narrow", "select", "t", "clone", "detach", "numel", "is_tensor", "is_floating_point",
+    "narrow", "select", "t", "clone", "detach", "equal", "numel", "is_tensor", "is_floating_point",
     "get_default_dtype", "manual_seed", "memory_stats", "reset_peak_memory_stats", "empty_cache",
 ]

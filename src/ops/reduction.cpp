@@ -253,6 +253,20 @@ Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
   return extremum_dims(x, dims, keepdim, true, "amax");
 }
 
+// all/any count the zero (non-zero) elements with the integer sum, so they run on every backend
+// the comparison and sum run on and are exact; the result is never differentiable.
+Tensor all(const Tensor& x, const Shape& dims, bool keepdim) {
+  ops::check_defined(x, "all", "input");
+  Tensor zeros = x.dtype() == DType::Bool ? logical_not(x.detach()) : eq(x.detach(), 0.0);
+  return eq(sum(zeros, dims, keepdim), 0.0);
+}
+
+Tensor any(const Tensor& x, const Shape& dims, bool keepdim) {
+  ops::check_defined(x, "any", "input");
+  Tensor nonzero = x.dtype() == DType::Bool ? x.detach() : ne(x.detach(), 0.0);
+  return gt(sum(nonzero, dims, keepdim), 0.0);
+}
+
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   const char* op = "max";
   ops::check_defined(x, op, "input");

@@ -517,6 +517,40 @@ def test_manual_seed_and_generators():
     assert td.manual_seed(1) is not None
 
 
+def test_all_any_equal_match_torch():
+    # Property: td.all/any (whole tensor and along dims, keepdim) and td.equal give torch's
+    # answers, including empty tensors (all of nothing is True, any of nothing False) and bools.
+    x = np.array([[0.0, 1.5, -2.0], [3.0, 0.0, 0.0], [1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
+    for arr in (x, x.astype(np.int64), x != 0, np.zeros((0, 3), np.float32)):
+        a, t = td.tensor(arr), torch.tensor(arr)
+        for fn in ("all", "any"):
+            assert bool(getattr(a, fn)()) == bool(getattr(t, fn)())
+            assert getattr(td, fn)(a).dtype == td.bool
+            for dim in (0, 1, -1):
+                for keepdim in (False, True):
+                    got = getattr(a, fn)(dim, keepdim)
+                    want = getattr(t, fn)(dim, keepdim=keepdim)
+                    assert tuple(got.shape) == tuple(want.shape)
+                    assert got.tolist() == want.tolist()
+    a = td.tensor(x)
+    assert td.equal(a, a.clone()) and not td.equal(a, a + 1) and not td.equal(a, a[:2])
+
+
+def test_generator_split_is_an_independent_reproducible_stream():
+    # Property: split(i) returns a new generator with the parent's seed and its own subsequence;
+    # the same index reproduces the same draws, another index or the parent draws differently,
+    # and splitting does not advance the parent.
+    g = td.Generator(11)
+    s1, s1b, s2 = g.split(1), g.split(1), g.split(2)
+    assert isinstance(s1, td.Generator) and s1 is not s1b
+    assert s1.initial_seed() == 11 and s1.subsequence != g.subsequence
+    a, b = td.rand(64, generator=s1).tolist(), td.rand(64, generator=s1b).tolist()
+    assert a == b
+    assert a != td.rand(64, generator=s2).tolist()
+    assert g.offset == 0
+    assert a != td.rand(64, generator=g).tolist()
+
+
 def test_memory_stats_track_allocations():
     # Property: a 4 MiB tensor raises current_bytes by at least its size while alive, and
     # freeing it gives the bytes back.
