@@ -134,6 +134,15 @@ def test_loss_falls_and_metrics_are_complete(corpus, tmp_path):
     assert s["step"] == 60 and math.isclose(s["loss"], recs[-1]["loss"])
 
 
+def test_loss_plot_runs_in_a_child_and_reports_its_failure(tmp_path):
+    # Property: the loss curve is drawn by a separate Python process, so its failure (here a
+    # missing metrics file) is reported as a reason string instead of raising or crashing.
+    from tardelli.train.report import plot_loss_isolated
+    ok, why = plot_loss_isolated(str(tmp_path / "missing.jsonl"), str(tmp_path / "l.png"))
+    assert not ok and "exit 1" in why and "FileNotFoundError" in why
+    assert not (tmp_path / "l.png").exists()
+
+
 def test_gradient_accumulation_matches_one_big_micro_batch(corpus, tmp_path):
     # Property: global batch 8 as 4 micro-batches of 2 gives the same losses as 1 micro-batch
     # of 8 (same samples, same order); only the summation order differs, so the 5 losses agree

@@ -117,7 +117,33 @@ def plot_loss(records, path, title=""):
     return True
 
 
+def plot_loss_isolated(metrics_path, path, title="", timeout=120):
+    """plot_loss in a child Python that does not load tardelli: a plotting library that crashes
+    (seen once: matplotlib's import segfaulted at the end of a CUDA run) costs the picture, not
+    the finished run. Returns (True, "") when the PNG was written, else (False, reason)."""
+    import subprocess
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--plot", metrics_path,
+                            path, title], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"loss plot not drawn: {e}"
+    if r.returncode == 0:
+        return True, ""
+    if r.returncode == 3:
+        return False, "loss plot not drawn: matplotlib is not installed"
+    why = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+    tail = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else []
+    return False, f"loss plot not drawn: the plotting process failed ({why})" + \
+        (f": {tail[0]}" if tail else "")
+
+
 def unigram_entropy(counts):
     """Entropy in nats of a token-frequency table: the loss of the best context-free model."""
     total = float(sum(counts))
     return -sum(c / total * math.log(c / total) for c in counts if c > 0)
+
+
+if __name__ == "__main__":  # the child of plot_loss_isolated: report.py --plot METRICS PNG TITLE
+    if len(sys.argv) != 5 or sys.argv[1] != "--plot":
+        sys.exit("usage: report.py --plot METRICS_JSONL PNG TITLE")
+    sys.exit(0 if plot_loss(read_metrics(sys.argv[2]), sys.argv[3], sys.argv[4]) else 3)

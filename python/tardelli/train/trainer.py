@@ -429,9 +429,12 @@ def train(cfg, world=None, out=print):
     if is_main and cfg.metrics_file:
         png = os.path.join(cfg.save, "loss.png") if cfg.save else \
             os.path.splitext(cfg.metrics_file)[0] + ".png"
-        if report.plot_loss(report.read_metrics(cfg.metrics_file), png,
-                            f"{cfg.arch} {n_params / 1e6:.1f}M"):
+        drawn, why = report.plot_loss_isolated(cfg.metrics_file, png,
+                                               f"{cfg.arch} {n_params / 1e6:.1f}M")
+        if drawn:
             summary["loss_curve"] = png
+        elif "not installed" not in why:
+            out(f"train: {why}")
     if is_main:
         out(json.dumps(summary))
     return summary
