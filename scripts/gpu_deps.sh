@@ -7,5 +7,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p .gpu-deps
 cd .gpu-deps
-apt-get download libdnnl2 libdnnl-dev libgtest-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
+apt-get download libdnnl2 libdnnl-dev libgtest-dev ocl-icd-libopencl1 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 ls -la

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds, here (2 cores, ccache), what the GPU check runs, for the H200's architecture only, and
+# copies the pieces into .gpu-pre/ (git-ignored) for the device tool to carry: the stripped
+# library, td_cuda_tests, td_tests and the GPU benchmarks. benchmarks/gpu/check.sh with
+# TD_GPU_PREBUILT=.gpu-pre then spends the lease on tests and timings, not on nvcc; only the
+# Python module is compiled there (it must match that machine's Python). If the carried binaries
+# cannot load there, check.sh falls back to a full build on the GPU machine.
+#   bash scripts/gpu_prebuild.sh            # sm_90 (H100/H200)
+#   TD_GPU_ARCH=80 bash scripts/gpu_prebuild.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ARCH=${TD_GPU_ARCH:-90}
+BUILD=build/gpu-pre$([[ $ARCH == 90 ]] || echo "-sm$ARCH")
+# Same options as the CI's CUDA build (warnings as errors) so ccache reuses its C++ objects.
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTD_WITH_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTD_WITH_MPI=OFF -DTD_WITH_PYTHON=OFF -DTD_WERROR=ON \
+  -DTD_BUILD_BENCHMARKS=ON -DTD_BUILD_TESTS=ON >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target tardelli td_cuda_tests td_tests gemm_bench \
+  memory_bound_bench attention_bench
+rm -rf .gpu-pre
+mkdir -p .gpu-pre/tests .gpu-pre/benchmarks/gpu
+cp -a "$BUILD"/libtardelli.so* .gpu-pre/
+cp "$BUILD"/tests/td_cuda_tests "$BUILD"/tests/td_tests .gpu-pre/tests/
+cp "$BUILD"/benchmarks/gpu/{gemm_bench,memory_bound_bench,attention_bench} .gpu-pre/benchmarks/gpu/
+strip --strip-unneeded .gpu-pre/libtardelli.so.*.*.* .gpu-pre/tests/* .gpu-pre/benchmarks/gpu/*
+echo "sm_$ARCH $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+dirty')" >.gpu-pre/BUILT_FROM
+du -sh .gpu-pre
