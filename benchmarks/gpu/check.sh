@@ -275,6 +275,12 @@ for b in gemm_bench memory_bound_bench attention_bench; do
 done
 timeout 120 $PY benchmarks/gpu/torch_sdpa_bench.py 2>"$OUT/torch_sdpa_bench.err" | tee -a "$BENCH" ||
   echo "torch SDPA reference unavailable (see $OUT/torch_sdpa_bench.err)"
+if [[ $WITH_PYTHON == ON ]]; then  # GPT-2 small train step, td vs eager torch (bf16, then fp32)
+  for dt in bf16 fp32; do
+    PYTHONPATH=python timeout 180 $PY benchmarks/gpu/gpt_step_bench.py --dtype $dt \
+      2>"$OUT/gpt_step_bench_$dt.err" | tee -a "$BENCH" || fail "gpt_step_bench $dt (exit $?)"
+  done
+fi
 fi
 
 stage "summary"

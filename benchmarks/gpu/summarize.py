@@ -122,6 +122,18 @@ def main():
             name = r.get("impl", "td") + (f" [{tag}]" if tag else "")
             out.append(f"| {name} | {shape} | {r.get('fwd_ms', 0):.3f} | "
                        f"{r.get('fwd_bwd_ms', 0):.3f} | {r.get('fwd_tflops', 0):.0f} | {vs} |")
+    gpt = [r for r in rows if r.get("bench") == "gpt_step" and r.get("summary")]
+    if gpt:
+        out += ["", "| GPT-2 step (B, T, layers, d) | dtype | td tokens/s | td MFU | torch tokens/s "
+                "| torch MFU | td/torch | memory td/torch |", "|---|---|---|---|---|---|---|---|"]
+        for r in gpt:
+            c = r["config"]
+            shape = f"{c['micro_batch_size']}, {c['seq_len']}, {c['layers']}, {c['d_model']}"
+            t = (f"{r['torch_tokens_per_s']:,.0f} | {r['torch_mfu']:.1%} | "
+                 f"{r['speedup_vs_torch']:.2f}x | {r['mem_ratio_vs_torch']:.2f}"
+                 if "torch_tokens_per_s" in r else "- | - | - | -")
+            out.append(f"| {shape} | {c['dtype']} | {r['td_tokens_per_s']:,.0f} | "
+                       f"{r['td_mfu']:.1%} | {t} |")
     if a.failures and os.path.exists(a.failures):
         f = open(a.failures).read().strip()
         if f:
