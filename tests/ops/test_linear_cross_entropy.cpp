@@ -29,7 +29,8 @@ TEST(LinearCrossEntropy, MatchesUnfused) {
   Tensor x0 = randn({N, d}, {}, &gen), w0 = mul(randn({V, d}, {}, &gen), 0.3);
   Tensor t = randint(0, V, {N}, {DType::Int64}, &gen);
   t.narrow(0, 3, 4).fill_(-100);
-  for (int64_t chunk : {int64_t{1} << 22, V * 8, V * 5 + 7, int64_t{1}}) {
+  // 0: the chunk size chosen by device (Note [LM head chunk size]).
+  for (int64_t chunk : {int64_t{0}, int64_t{1} << 22, V * 8, V * 5 + 7, int64_t{1}}) {
     Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
     Tensor xr = x0.clone().set_requires_grad(true), wr = w0.clone().set_requires_grad(true);
     Tensor loss = linear_cross_entropy(x, w, t, -100, chunk);
@@ -40,6 +41,7 @@ TEST(LinearCrossEntropy, MatchesUnfused) {
     EXPECT_LT(max_rel(x.grad(), xr.grad()), 1e-5) << chunk;
     EXPECT_LT(max_rel(w.grad(), wr.grad()), 1e-5) << chunk;
   }
+  EXPECT_THROW(linear_cross_entropy(x0, w0, t, -100, -1), Error);
 }
 
 // bf16 inputs: the gradient w.r.t. bf16 weights is accumulated in fp32 and rounded once, so it

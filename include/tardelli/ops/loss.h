@@ -24,8 +24,11 @@ double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
 // logits, so the [N, V] logits and their gradient are never held whole. When a gradient is
 // needed the forward pass also forms d x and d weight chunk by chunk (softmax - onehot times
 // the chunk's operands) and keeps only those ([N, d] and fp32 [V, d]) for backward (Note
-// [Chunked LM head]). Logits are taken to fp32 before the softmax.
+// [Chunked LM head]). Logits are taken to fp32 before the softmax. chunk_elems 0 picks it by
+// device (kLinearCrossEntropyChunkCpu / Cuda).
+inline constexpr int64_t kLinearCrossEntropyChunkCpu = int64_t{1} << 22;
+inline constexpr int64_t kLinearCrossEntropyChunkCuda = int64_t{1} << 27;
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
-                            int64_t ignore_index = -100, int64_t chunk_elems = int64_t{1} << 22);
+                            int64_t ignore_index = -100, int64_t chunk_elems = 0);
 
 }  // namespace td
