@@ -6,32 +6,37 @@ namespace td::python {
 
 using namespace pybind11::literals;
 
+namespace {
+
+using DimsReduction = Tensor (*)(const Tensor&, const Shape&, bool);
+
+// A reduction over dims (sum, mean, amax, all, any): the dim argument converted, the op run
+// without the GIL.
+template <DimsReduction F>
+Tensor over_dims(const Tensor& x, const py::object& dim, bool keepdim) {
+  Shape dims = dims_from_object(dim);
+  py::gil_scoped_release unlocked;
+  return F(x, dims, keepdim);
+}
+
+// As td.NAME(input, dim=None, keepdim=False) and Tensor.NAME(dim=None, keepdim=False).
+template <DimsReduction F>
+void def_over_dims(py::module_& m, TensorClass& cls, const char* name) {
+  m.def(name, &over_dims<F>, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
+  cls.def(name, &over_dims<F>, "dim"_a = py::none(), "keepdim"_a = false);
+}
+
+}  // namespace
+
 void init_reduction(py::module_& m, TensorClass& cls) {
-  auto sum_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
-    Shape dims = dims_from_object(dim);
-    py::gil_scoped_release unlocked;
-    return sum(x, dims, keepdim);
-  };
-  auto mean_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
-    Shape dims = dims_from_object(dim);
-    py::gil_scoped_release unlocked;
-    return mean(x, dims, keepdim);
-  };
-  m.def("sum", sum_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
-  m.def("mean", mean_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
-  cls.def("sum", sum_fn, "dim"_a = py::none(), "keepdim"_a = false);
-  cls.def("mean", mean_fn, "dim"_a = py::none(), "keepdim"_a = false);
+  def_over_dims<sum>(m, cls, "sum");
+  def_over_dims<mean>(m, cls, "mean");
 
   auto max_all = [](const Tensor& x) { return max(x); };
   auto min_all = [](const Tensor& x) { return min(x); };
   auto max_dim = [](const Tensor& x, int64_t dim, bool keepdim) {
     auto [v, i] = max(x, dim, keepdim);
     return std::make_tuple(v, i);
-  };
-  auto amax_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
-    Shape dims = dims_from_object(dim);
-    py::gil_scoped_release unlocked;
-    return amax(x, dims, keepdim);
   };
   auto var_fn = [](const Tensor& x, const py::object& dim, std::optional<bool> unbiased,
                    bool keepdim, std::optional<int64_t> correction) {
@@ -45,22 +50,9 @@ void init_reduction(py::module_& m, TensorClass& cls) {
   m.def("_max_dim", max_dim, "input"_a, "dim"_a, "keepdim"_a = false, nogil());
   m.def("argmax", &argmax, "input"_a, "dim"_a = py::none(), "keepdim"_a = false, nogil());
   cls.def("argmax", &argmax, "dim"_a = py::none(), "keepdim"_a = false, nogil());
-  auto all_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
-    Shape dims = dims_from_object(dim);
-    py::gil_scoped_release unlocked;
-    return all(x, dims, keepdim);
-  };
-  auto any_fn = [](const Tensor& x, const py::object& dim, bool keepdim) {
-    Shape dims = dims_from_object(dim);
-    py::gil_scoped_release unlocked;
-    return any(x, dims, keepdim);
-  };
-  m.def("all", all_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
-  cls.def("all", all_fn, "dim"_a = py::none(), "keepdim"_a = false);
-  m.def("any", any_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
-  cls.def("any", any_fn, "dim"_a = py::none(), "keepdim"_a = false);
-  m.def("amax", amax_fn, "input"_a, "dim"_a = py::none(), "keepdim"_a = false);
-  cls.def("amax", amax_fn, "dim"_a = py::none(), "keepdim"_a = false);
+  def_over_dims<all>(m, cls, "all");
+  def_over_dims<any>(m, cls, "any");
+  def_over_dims<amax>(m, cls, "amax");
   m.def("var", var_fn, "input"_a, "dim"_a = py::none(), "unbiased"_a = py::none(),
         "keepdim"_a = false, py::kw_only(), "correction"_a = py::none());
   cls.def("var", var_fn, "dim"_a = py::none(), "unbiased"_a = py::none(), "keepdim"_a = false,
