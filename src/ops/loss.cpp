@@ -48,10 +48,7 @@ void ce_forward_rows(const T* logits, const int64_t* target, int64_t rows, int64
     std::vector<float> scratch(std::is_same_v<T, float> ? 0 : C);
     for (int64_t r = b; r < e; ++r) {
       const float* x = load_row(logits + r * C, C, scratch.data());
-      float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < C; ++j) m = x[j] > m ? x[j] : m;
-      float shift = m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+      float shift = cpu::softmax_shift(x, C);
       float s = 0.0f, sx = 0.0f;
 #pragma omp simd reduction(+ : s, sx)
       for (int64_t j = 0; j < C; ++j) {
@@ -189,16 +186,9 @@ double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
         std::fill(x, x + C, 0.0f);
         continue;
       }
-      const float m = cpu::row_max(x, C);
-      const float shift = m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+      const float shift = cpu::softmax_shift(x, C);
       const float xt = x[t[r]] - shift;
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < C; ++j) {
-        const float ej = vexp(x[j] - shift);
-        x[j] = ej;
-        s += ej;
-      }
+      const float s = cpu::exp_shift_sum(x, x, C, shift);
       loss[r] = static_cast<double>(std::log(s)) - static_cast<double>(xt);
       const float inv = 1.0f / s;
 #pragma omp simd

@@ -28,7 +28,6 @@ using autograd::needs_grad;
 using autograd::record;
 
 using cpu::load_row;
-using cpu::row_max;
 using cpu::vexp;
 
 namespace {
@@ -51,10 +50,7 @@ void softmax_rows(const T* in, T* out, int64_t rows, int64_t n) {
     for (int64_t r = b; r < e; ++r) {
       const float* x = load_row(in + r * n, n, xs.data());
       float* y = kFloat ? reinterpret_cast<float*>(out + r * n) : ys.data();
-      float m = row_max(x, n);
-      // An all -inf row: shift by 0, so exp gives all zeros and the row is 0/0 = NaN, as in
-      // torch (vexp of -inf - -inf would also be NaN; this keeps the max-subtraction sane).
-      float shift = m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+      const float shift = cpu::softmax_shift(x, n);
       float s = 0.0f;
       if constexpr (Log) {
 #pragma omp simd reduction(+ : s)
@@ -64,12 +60,7 @@ void softmax_rows(const T* in, T* out, int64_t rows, int64_t n) {
         float log_s = std::log(s);
         for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - shift) - log_s;
       } else {
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < n; ++j) {
-          float v = vexp(x[j] - shift);
-          y[j] = v;
-          s += v;
-        }
+        s = cpu::exp_shift_sum(x, y, n, shift);
         float inv = 1.0f / s;
         for (int64_t j = 0; j < n; ++j) y[j] *= inv;
       }

@@ -47,6 +47,26 @@ inline float row_max(const float* x, int64_t n) {
   return m;
 }
 
+// The shift that makes a row's exponentials safe: its max, or 0 for a row of -inf only (whose
+// exponentials are then all 0, so its softmax is 0/0 = NaN, as in torch; shifting by -inf would
+// give exp(-inf - -inf) = NaN inside the sum instead).
+inline float softmax_shift(const float* x, int64_t n) {
+  const float m = row_max(x, n);
+  return m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+}
+
+// y[j] = exp(x[j] - shift) for j < n (y may be x); returns their sum (fp32, vector-lane order).
+inline float exp_shift_sum(const float* x, float* y, int64_t n, float shift) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = vexp(x[j] - shift);
+    y[j] = e;
+    s += e;
+  }
+  return s;
+}
+
 // The input row as float: the data itself for float, else converted into `scratch`.
 template <typename T>
 const float* load_row(const T* src, int64_t n, float* scratch) {
