@@ -14,8 +14,8 @@ also fp32 masters), fused AdamW, eager mode (no torch.compile). GPT-2 only.
 
 Output: JSON lines, one per framework, then a summary line with tokens_per_s, step_ms, mfu
 (model FLOPs, td.models.GPT.flops_per_step, over the dense bf16 / plain fp32 peak of an H100/H200
-SXM from the datasheet, 989 / 67 TFLOP/s; TF32 stays off, the default on both sides), peak memory and the ratio td / torch. Without a GPU
-it prints {"skipped": ...} and exits 0.
+SXM from the datasheet, 989 / 67 TFLOP/s; TF32 stays off, the default on both sides), peak
+memory and the ratio td / torch. Without a GPU it prints {"skipped": ...} and exits 0.
 """
 import argparse
 import json
@@ -51,6 +51,13 @@ def median_step(step, sync, steps, warmup):
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), loss
+
+
+def train_step(fwd, opt_step):
+    loss = fwd()
+    loss.backward()
+    opt_step()
+    return loss
 
 
 def phases(fwd, bwd, opt_step, sync, steps):
@@ -98,26 +105,24 @@ def main():
     x, y = td.from_numpy(x_np).to("cuda"), td.from_numpy(y_np).to("cuda")
     opt = td.optim.AdamW(model.param_groups(weight_decay=0.1), lr=3e-4, betas=(0.9, 0.95))
 
-    def td_step():
-        loss = model(x, y)
-        loss.backward()
+    def td_fwd():
+        return model(x, y)
+
+    def td_opt():
         opt.step()
         opt.zero_grad()
-        return loss
 
     td.cuda.reset_peak_memory_stats()
-    dt, loss = median_step(td_step, td.cuda.synchronize, a.steps, a.warmup)
+    dt, loss = median_step(lambda: train_step(td_fwd, td_opt), td.cuda.synchronize, a.steps,
+                           a.warmup)
     rows.append({"bench": "gpt_step", "framework": "tardelli", "dtype": a.dtype,
                  "step_ms": dt * 1e3, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
                  "peak_mem_bytes": td.cuda.max_memory_allocated(), "loss": loss.item()})
     if a.breakdown:
-        def td_opt():
-            opt.step()
-            opt.zero_grad()
-        rows[-1].update(phases(lambda: model(x, y), lambda l: l.backward(), td_opt,
-                               td.cuda.synchronize, a.steps))
+        rows[-1].update(phases(td_fwd, lambda l: l.backward(), td_opt, td.cuda.synchronize,
+                               a.steps))
     print(json.dumps(rows[-1]), flush=True)
-    del model, opt, x, y, loss
+    del model, opt, x, y, loss, td_fwd, td_opt
     td.cuda.empty_cache()
 
     if not a.no_torch:
@@ -175,28 +180,22 @@ def torch_row(a, init, x_np, y_np, flops, peak, tokens):
     use_bf16 = a.dtype == "bf16"
     # fp32: TF32 stays off on both sides (the default of td and of torch's matmuls).
 
-    def step():
+    def fwd():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-            loss = forward(x, y)
-        loss.backward()
+            return forward(x, y)
+
+    def opt_step():
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
 
     torch.cuda.reset_peak_memory_stats()
-    dt, loss = median_step(step, torch.cuda.synchronize, a.steps, a.warmup)
+    dt, loss = median_step(lambda: train_step(fwd, opt_step), torch.cuda.synchronize, a.steps,
+                           a.warmup)
     row = {"bench": "gpt_step", "framework": "torch", "torch": torch.__version__,
            "dtype": a.dtype, "step_ms": dt * 1e3, "tokens_per_s": tokens / dt,
            "mfu": flops / dt / peak, "peak_mem_bytes": torch.cuda.max_memory_allocated(),
            "loss": loss.item()}
     if a.breakdown:
-        def fwd():
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-                return forward(x, y)
-
-        def opt_step():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
         row.update(phases(fwd, lambda l: l.backward(), opt_step, torch.cuda.synchronize,
                           a.steps))
     return row
