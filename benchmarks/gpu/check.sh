@@ -188,13 +188,12 @@ fi
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [[ -n "$SAN" ]] && want memcheck; then
   stage "td_cuda_tests under compute-sanitizer (memcheck)"
-  # Debian's oneDNN links the OpenCL ICD loader, which can load NVIDIA's OpenCL driver and with
-  # it initialize CUDA before the sanitizer attaches ("CUDA initialized before the Sanitizer",
-  # seen on the H200, 2026-11-30): an empty ICD directory keeps OpenCL out of the process.
-  NO_ICD=$(mktemp -d)
-  OCL_ICD_VENDORS=$NO_ICD OCL_ICD_FILENAMES="" timeout 150 "$SAN" --tool memcheck \
-    --leak-check no --print-limit 20 "$BUILD/tests/td_cuda_tests" \
-    ${EXCLUDE:+--gtest_filter=-${EXCLUDE#:}} >"$OUT/memcheck.log" 2>&1
+  # On the H200 (2026-11-30) the sanitizer disabled itself here ("CUDA initialized before the
+  # Sanitizer"), also with OpenCL's ICDs hidden (OCL_ICD_VENDORS=<empty dir>): the cause is not
+  # known. The stage then reports the tool unavailable rather than a failure.
+  timeout 150 "$SAN" --tool memcheck --leak-check no --print-limit 20 \
+    "$BUILD/tests/td_cuda_tests" ${EXCLUDE:+--gtest_filter=-${EXCLUDE#:}} \
+    >"$OUT/memcheck.log" 2>&1
   rc=$?
   grep -E "ERROR SUMMARY|Sanitizer will be disabled|^\[  (PASSED|FAILED)  \]" "$OUT/memcheck.log" |
     head -20
