@@ -11,6 +11,7 @@
 
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/transpose.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
@@ -200,51 +201,53 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
   }
 }
 
-// dst[c * ldd + r] = src[r * lds + c] for an R x C tile.
-void transpose_tile(int64_t R, int64_t C, const float* src, int64_t lds, float* dst, int64_t ldd) {
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t c = 0; c < C; ++c) dst[c * ldd + r] = src[r * lds + c];
-  }
-}
-
-// One [B, H, T, D] operand: base pointer and strides (elements) of any layout.
+// One [B, H, T, D] operand: base pointer and strides (elements) of any layout (T const for the
+// inputs).
 template <typename T>
 struct Heads {
-  const T* data;
+  T* data;
   int64_t sb, sh, st, sd;
   explicit Heads(const Tensor& t)
-      : data(static_cast<const T*>(t.data_ptr())),
+      : data(static_cast<T*>(t.data_ptr())),
         sb(t.stride(0)),
         sh(t.stride(1)),
         st(t.stride(2)),
         sd(t.stride(3)) {}
-  const T* head(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
+  T* head(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
 };
 
-// Rows [t0, t0 + n) of one head into fp32 row-major dst [n, D] (ld = D), or transposed into
-// dst [D, n] (ld = ldt) when `transposed`.
+// Rows [t0, t0 + n) of one head into fp32 row-major dst [n, D] (ld = D).
 template <typename T>
-void load_rows(const T* head, int64_t st, int64_t sd, int64_t t0, int64_t n, int64_t D, float* dst,
-               bool transposed = false, int64_t ldt = 0) {
+void load_rows(const T* head, int64_t st, int64_t sd, int64_t t0, int64_t n, int64_t D,
+               float* dst) {
   for (int64_t r = 0; r < n; ++r) {
     const T* src = head + (t0 + r) * st;
-    if (!transposed) {
-      float* d = dst + r * D;
-      if (sd == 1) {
-        for (int64_t j = 0; j < D; ++j) d[j] = static_cast<float>(src[j]);
-      } else {
-        for (int64_t j = 0; j < D; ++j) d[j] = static_cast<float>(src[j * sd]);
-      }
+    float* d = dst + r * D;
+    if (sd == 1) {
+      for (int64_t j = 0; j < D; ++j) d[j] = static_cast<float>(src[j]);
     } else {
-      for (int64_t j = 0; j < D; ++j) dst[j * ldt + r] = static_cast<float>(src[j * sd]);
+      for (int64_t j = 0; j < D; ++j) d[j] = static_cast<float>(src[j * sd]);
     }
   }
 }
 
-// Rows of fp32 src [n, D] into a contiguous [.., T, D] head of the output dtype.
+// The same rows transposed: dst [D, n] (ld = ldt), through `rows` ([n, D] fp32 scratch) and the
+// 8 x 8 register transpose (a direct strided store wrote one element per cache line).
 template <typename T>
-void store_rows(const float* src, int64_t n, int64_t D, T* dst) {
-  for (int64_t i = 0; i < n * D; ++i) dst[i] = static_cast<T>(src[i]);
+void load_rows_t(const T* head, int64_t st, int64_t sd, int64_t t0, int64_t n, int64_t D,
+                 float* rows, float* dst, int64_t ldt) {
+  load_rows(head, st, sd, t0, n, D, rows);
+  cpu::transpose_plane(n, D, rows, D, dst, ldt);
+}
+
+// Rows of fp32 src [n, D] into rows of the output dtype, row r at dst + r * ld.
+template <typename T>
+void store_rows(const float* src, int64_t n, int64_t D, T* dst, int64_t ld) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* s = src + r * D;
+    T* d = dst + r * ld;
+    for (int64_t j = 0; j < D; ++j) d[j] = static_cast<T>(s[j]);
+  }
 }
 
 struct Dims {
@@ -260,35 +263,59 @@ void visible(const Dims& d, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int6
   for (int64_t r = 0; r < nq; ++r) vis[r] = std::clamp<int64_t>(d.limit(q0 + r) - k0, 0, nk);
 }
 
+// Per-thread key/value operands of one (batch, kv-head): K^T [D, kn] and V [kn, Dv] (ld kn and
+// Dv), for the whole head when it fits kHoistFloats (loaded once per head a thread works on),
+// else for one key block at a time. `rows` is load_rows_t's scratch.
+struct KeyValueTiles {
+  int64_t kn;
+  std::vector<float> kt, v, rows;
+  int64_t head = -1;  // b * Hkv + hk held by the hoisted tiles
+  KeyValueTiles(const Dims& d, bool hoist)
+      : kn(hoist ? d.Tk : kBlockK), kt(d.D * kn), v(kn * d.Dv), rows(kn * std::max(d.D, d.Dv)) {}
+};
+
+// Note [Attention forward tasks]: tasks are (batch, head, query block), so short sequences
+// still spread over the threads; parallel_for hands each thread a contiguous range, in which
+// consecutive tasks share a head, and the thread loads that head's K^T and V once
+// (KeyValueTiles) instead of once per (query block, key block) pair.
 template <typename T>
 void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& out, const Tensor& lse) {
-  Heads<T> Q(q), K(k), V(v);
-  T* O = static_cast<T*>(out.data_ptr());
-  const int64_t osb = out.stride(0), osh = out.stride(1), ost = out.stride(2);
+  Heads<const T> Q(q), K(k), V(v);
+  Heads<T> O(out);
   float* L = lse.data_ptr<float>();
   const int64_t nqb = (d.Tq + kBlockQ - 1) / kBlockQ;
   const int64_t D = d.D, Dv = d.Dv;
   const int64_t work = std::min(kBlockQ, d.Tq) * d.Tk * (D + Dv);  // per task, upper bound
   const int64_t grain = std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(work, 1));
+  const bool hoist = d.Tk * (D + Dv) <= kHoistFloats;
   cpu::parallel_for(d.B * d.H * nqb, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> qs(kBlockQ * D), kt(D * kBlockK), vs(kBlockK * Dv), s(kBlockQ * kBlockK),
-        acc(kBlockQ * Dv), m(kBlockQ), l(kBlockQ);
+    KeyValueTiles kv(d, hoist);
+    std::vector<float> qs(kBlockQ * D), s(kBlockQ * kBlockK), acc(kBlockQ * Dv), m(kBlockQ),
+        l(kBlockQ);
     std::vector<int64_t> vis(kBlockQ);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / (d.H * nqb), h = (task / nqb) % d.H, qb = task % nqb;
       const int64_t hk = h / d.group;
       const int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, d.Tq - q0);
+      const int64_t kend = d.limit(q0 + nq - 1);
+      if (hoist && kv.head != b * d.Hkv + hk) {
+        load_rows_t(K.head(b, hk), K.st, K.sd, 0, d.Tk, D, kv.rows.data(), kv.kt.data(), kv.kn);
+        load_rows(V.head(b, hk), V.st, V.sd, 0, d.Tk, Dv, kv.v.data());
+        kv.head = b * d.Hkv + hk;
+      }
       load_rows(Q.head(b, h), Q.st, Q.sd, q0, nq, D, qs.data());
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      const int64_t kend = d.limit(q0 + nq - 1);
       for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
         const int64_t nk = std::min(kBlockK, kend - k0);
-        load_rows(K.head(b, hk), K.st, K.sd, k0, nk, D, kt.data(), true, kBlockK);
-        load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, vs.data());
-        gemm(nq, nk, D, qs.data(), D, kt.data(), kBlockK, s.data(), kBlockK, false);
+        if (!hoist) {
+          load_rows_t(K.head(b, hk), K.st, K.sd, k0, nk, D, kv.rows.data(), kv.kt.data(), kv.kn);
+          load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, kv.v.data());
+        }
+        const int64_t off = hoist ? k0 : 0;  // this key block's first row in the tiles
+        gemm(nq, nk, D, qs.data(), D, kv.kt.data() + off, kv.kn, s.data(), kBlockK, false);
         visible(d, q0, nq, k0, nk, vis.data());
         for (int64_t r = 0; r < nq; ++r) {
           float* sr = s.data() + r * kBlockK;
@@ -304,16 +331,15 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
           l[r] = l[r] * alpha + sum;
           m[r] = mnew;
         }
-        gemm(nq, Dv, nk, s.data(), kBlockK, vs.data(), Dv, acc.data(), Dv, true);
+        gemm(nq, Dv, nk, s.data(), kBlockK, kv.v.data() + off * Dv, Dv, acc.data(), Dv, true);
       }
-      T* orow = O + b * osb + h * osh + q0 * ost;
       for (int64_t r = 0; r < nq; ++r) {
         const float inv = 1.0f / l[r];
         float* ar = acc.data() + r * Dv;
         for (int64_t j = 0; j < Dv; ++j) ar[j] *= inv;
         L[(b * d.H + h) * d.Tq + q0 + r] = m[r] + std::log(l[r]);
       }
-      for (int64_t r = 0; r < nq; ++r) store_rows(acc.data() + r * Dv, 1, Dv, orow + r * ost);
+      store_rows(acc.data(), nq, Dv, O.head(b, h) + q0 * O.st, O.st);
     }
   });
 }
@@ -322,12 +348,10 @@ template <typename T>
 void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dq,
                            const Tensor& dk, const Tensor& dv) {
-  Heads<T> G(g), Q(q), K(k), V(v), O(o);
+  Heads<const T> G(g), Q(q), K(k), V(v), O(o);
+  Heads<T> DQ(dq), DK(dk), DV(dv);
   const float* L = lse.data_ptr<float>();
   const int64_t lsb = lse.stride(0), lsh = lse.stride(1), lst = lse.stride(2);
-  T* DQ = static_cast<T*>(dq.data_ptr());
-  T* DK = static_cast<T*>(dk.data_ptr());
-  T* DV = static_cast<T*>(dv.data_ptr());
   const int64_t nqb = (d.Tq + kBlockQ - 1) / kBlockQ;
   const int64_t D = d.D, Dv = d.Dv;
   const int64_t work = d.group * d.Tq * d.Tk * (2 * D + 3 * Dv);  // per task, upper bound
@@ -341,8 +365,8 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
   cpu::parallel_for(d.B * d.Hkv, grain, [&](int64_t t0, int64_t t1) {
     const int64_t kn = hoist ? d.Tk : kBlockK;  // rows held of K, K^T and V^T
     std::vector<float> qs(kBlockQ * D), gs(kBlockQ * Dv), os(kBlockQ * Dv), ks(kn * D), kt(D * kn),
-        vt(Dv * kn), p(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), dqa(kBlockQ * D), di(kBlockQ),
-        ls(kBlockQ), dka(d.Tk * D), dva(d.Tk * Dv);
+        vt(Dv * kn), rows(kn * Dv), p(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), dqa(kBlockQ * D),
+        di(kBlockQ), ls(kBlockQ), dka(d.Tk * D), dva(d.Tk * Dv);
     std::vector<int64_t> vis(kBlockQ);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / d.Hkv, hk = task % d.Hkv;
@@ -350,8 +374,8 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
       std::fill(dva.begin(), dva.end(), 0.0f);
       if (hoist) {
         load_rows(K.head(b, hk), K.st, K.sd, 0, d.Tk, D, ks.data());
-        transpose_tile(d.Tk, D, ks.data(), D, kt.data(), kn);
-        load_rows(V.head(b, hk), V.st, V.sd, 0, d.Tk, Dv, vt.data(), true, kn);
+        cpu::transpose_plane(d.Tk, D, ks.data(), D, kt.data(), kn);
+        load_rows_t(V.head(b, hk), V.st, V.sd, 0, d.Tk, Dv, rows.data(), vt.data(), kn);
       }
       for (int64_t h = hk * d.group; h < (hk + 1) * d.group; ++h) {
         for (int64_t qb = 0; qb < nqb; ++qb) {
@@ -374,8 +398,8 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
             const int64_t nk = std::min(kBlockK, kend - k0);
             if (!hoist) {
               load_rows(K.head(b, hk), K.st, K.sd, k0, nk, D, ks.data());
-              transpose_tile(nk, D, ks.data(), D, kt.data(), kn);
-              load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, vt.data(), true, kn);
+              cpu::transpose_plane(nk, D, ks.data(), D, kt.data(), kn);
+              load_rows_t(V.head(b, hk), V.st, V.sd, k0, nk, Dv, rows.data(), vt.data(), kn);
             }
             const int64_t off = hoist ? k0 : 0;  // this key block's first row in ks/kt/vt
             const float* kb = ks.data() + off * D;
@@ -395,11 +419,11 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
                  /*trans_a=*/true);
             gemm(nq, D, nk, dp.data(), kBlockK, kb, D, dqa.data(), D, true);
           }
-          store_rows(dqa.data(), nq, D, DQ + ((b * d.H + h) * d.Tq + q0) * D);
+          store_rows(dqa.data(), nq, D, DQ.head(b, h) + q0 * DQ.st, DQ.st);
         }
       }
-      store_rows(dka.data(), d.Tk, D, DK + (b * d.Hkv + hk) * d.Tk * D);
-      store_rows(dva.data(), d.Tk, Dv, DV + (b * d.Hkv + hk) * d.Tk * Dv);
+      store_rows(dka.data(), d.Tk, D, DK.head(b, hk), DK.st);
+      store_rows(dva.data(), d.Tk, Dv, DV.head(b, hk), DV.st);
     }
   });
 }
@@ -534,9 +558,14 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
   }
 #endif
   for (const Tensor* t : {&q, &k, &v, &grad_out, &out, &lse}) ops::check_cpu(*t, op);
-  Tensor dq = Tensor::empty(q.sizes(), q.dtype(), q.device());
-  Tensor dk = Tensor::empty(k.sizes(), k.dtype(), k.device());
-  Tensor dv = Tensor::empty(v.sizes(), v.dtype(), v.device());
+  // The gradients are [B, H, T, D] views of [B, T, H, D] buffers, as the forward's output (Note
+  // [Attention output layout]): q, k and v are usually head views of one [B, T, 3 * H * D]
+  // projection, and the gradient copies back into it are then runs of whole rows.
+  auto heads_grad = [](const Tensor& t) {
+    return Tensor::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.dtype(), t.device())
+        .permute({0, 2, 1, 3});
+  };
+  Tensor dq = heads_grad(q), dk = heads_grad(k), dv = heads_grad(v);
   if (d.Tq == 0 || d.Tk == 0 || d.B == 0 || d.H == 0) {
     dq.zero_();
     dk.zero_();

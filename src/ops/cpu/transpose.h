@@ -16,4 +16,9 @@ namespace td::cpu {
 // returns false, having done nothing, otherwise (or when the tensor is too small to benefit).
 bool transpose_copy(const Tensor& dst, const Tensor& src);
 
+// dst[c * ldd + r] = src[r * lds + c] for r < R, c < C: one fp32 plane on the calling thread, in
+// the same 8 x 8 register tiles (scalar at the edges), for kernels that transpose small tiles
+// inside their own parallel loops (the CPU attention's key and value blocks).
+void transpose_plane(int64_t R, int64_t C, const float* src, int64_t lds, float* dst, int64_t ldd);
+
 }  // namespace td::cpu
