@@ -34,6 +34,54 @@ void check_device(const Tensor& x, const char* op) {
 template <typename T>
 using sum_acc_t = std::conditional_t<std::is_floating_point_v<acc_t<T>>, double, int64_t>;
 
+// Note [Leading reductions]: a sum over the leading dims of a contiguous [R, C] input (a
+// linear layer's bias gradient over [tokens, features]) walks the rows in order and accumulates
+// whole rows (vectorized along the columns). Splitting only the columns across threads left a
+// bias gradient of C <= 1024 columns on one thread. So the rows are cut into nb blocks, a number
+// that depends only on R (at most kMaxRowBlocks, at least kMinBlockRows rows each); each block's
+// column sums are formed in parallel and the blocks added in block order, so the result does not
+// depend on the thread count. The partial sums (nb * C accumulators) are capped by
+// kMaxRowBlockPartials; wider inputs keep the column split, which has enough columns then.
+constexpr int64_t kMinBlockRows = 64;
+constexpr int64_t kMaxRowBlocks = 32;
+constexpr int64_t kMaxRowBlockPartials = int64_t{1} << 20;
+
+template <typename T, typename TO>
+bool sum_leading_row_blocks(const T* in, int64_t R, int64_t C, TO* o, double scale) {
+  const int64_t nb = std::min(kMaxRowBlocks, R / kMinBlockRows);
+  if (nb < 2 || nb * C > kMaxRowBlockPartials) return false;
+  const int64_t rows = (R + nb - 1) / nb;
+  std::vector<sum_acc_t<T>> part(static_cast<size_t>(nb * C), 0);
+  cpu::parallel_for(nb, std::max<int64_t>(1, cpu::kGrain / (rows * C)), [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      sum_acc_t<T>* acc = part.data() + k * C;
+      const int64_t i1 = std::min(R, (k + 1) * rows);
+      int64_t i = k * rows;
+      for (; i + 4 <= i1; i += 4) {  // four rows per pass over the accumulators
+        const T *r0 = in + i * C, *r1 = r0 + C, *r2 = r1 + C, *r3 = r2 + C;
+        for (int64_t j = 0; j < C; ++j) {
+          acc[j] += (static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r0[j])) +
+                     static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r1[j]))) +
+                    (static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r2[j])) +
+                     static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r3[j])));
+        }
+      }
+      for (; i < i1; ++i) {
+        const T* row = in + i * C;
+        for (int64_t j = 0; j < C; ++j) acc[j] += static_cast<acc_t<T>>(row[j]);
+      }
+    }
+  });
+  cpu::parallel_for(C, cpu::kGrain / nb, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      sum_acc_t<T> acc = part[j];
+      for (int64_t k = 1; k < nb; ++k) acc += part[k * C + j];
+      o[j] = static_cast<TO>(static_cast<acc_t<TO>>(acc * scale));
+    }
+  });
+  return true;
+}
+
 // out[r] = sum of row r of a contiguous [rows, n] matrix (or column sums for leading reduce).
 template <typename T, typename TO>
 void sum_kernel(const Tensor& x, const ops::ReducePlan& p, const Tensor& out, double scale) {
@@ -41,6 +89,7 @@ void sum_kernel(const Tensor& x, const ops::ReducePlan& p, const Tensor& out, do
   if (ops::is_leading_reduce(x, p)) {
     const T* in = static_cast<const T*>(x.data_ptr());
     int64_t R = p.count, C = out.numel();  // not numel / R: with R = 0 that is 0, out unset
+    if (sum_leading_row_blocks(in, R, C, o, scale)) return;
     cpu::parallel_for(C, 1024, [&](int64_t b, int64_t e) {
       std::vector<sum_acc_t<T>> acc(e - b, 0);
       for (int64_t i = 0; i < R; ++i) {

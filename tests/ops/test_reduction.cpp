@@ -149,6 +149,25 @@ TEST(Reduction, SumMeanGradcheck) {
   }
 }
 
+// Sums over the leading dims of tall inputs take the row-block path (Note [Leading
+// reductions]): R = 1000 rows make 15 blocks of 67 rows (the last one shorter, and not a
+// multiple of the four-row step). fp32 matches the double reference to fp32 rounding of the
+// result (1e-6 relative, plus 1e-5 absolute for sums near 0 of ~30-sized magnitude); int32 sums
+// are exact; a leading [2, 500] of a 3-D input reduces the same way.
+TEST(Reduction, SumLeadingRowBlocksMatchReference) {
+  Tensor x = randn_seeded({1000, 37}, 6);
+  expect_near_vec(to_vector<float>(sum(x, {0})), ref_reduce(x, {0}, dsum), 1e-6, 1e-5, "fp32");
+  Tensor x3 = randn_seeded({2, 500, 9}, 7);
+  expect_near_vec(to_vector<float>(sum(x3, {0, 1})), ref_reduce(x3, {0, 1}, dsum), 1e-6, 1e-5,
+                  "fp32 3-D");
+  Tensor xi = arange(0, 1000 * 5).to(DType::Int32).view({1000, 5});
+  std::vector<int64_t> want(5, 0);
+  for (int64_t r = 0; r < 1000; ++r) {
+    for (int64_t c = 0; c < 5; ++c) want[c] += r * 5 + c;
+  }
+  EXPECT_EQ(to_vector<int64_t>(sum(xi, {0})), want);
+}
+
 // Large sums are identical for 1 and 2 threads (leading and trailing paths).
 TEST(Reduction, SumDeterministicAcrossThreads) {
   Tensor x = randn_seeded({512, 300}, 5);
