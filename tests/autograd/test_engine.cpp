@@ -17,6 +17,31 @@ TEST(Engine, DiamondSumsPaths) {
   EXPECT_EQ(v(x.grad()), (std::vector<float>{6, -6, 14}));
 }
 
+// Gradient sums that may run in place (Note [In-place gradient accumulation]) never write into a
+// tensor something else still holds. d = a + u hands one gradient tensor to a's slot and to u's
+// node (u = 5 w), and runs before e = a * 3 (the newer node runs first: Note [Engine]); a's
+// slot then receives e's gradient, and summing that into the shared tensor would reach w's
+// gradient through u's node, which runs last. a + a puts one tensor into one slot twice. The
+// residual-stream pattern (h = x + f(x), used again) sums in place and stays exact.
+TEST(Engine, GradientSumsDoNotClobberSharedTensors) {
+  Tensor a = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  Tensor w = from_vector<float>({3, 4}, {2}).set_requires_grad(true);
+  Tensor u = mul(w, 5.0);
+  Tensor e = mul(a, 3.0);
+  Tensor d = add(a, u);
+  sum(mul(add(d, e), 2.0)).backward();  // mul: a contiguous gradient (sum's is an expand)
+  EXPECT_EQ(v(a.grad()), (std::vector<float>{8, 8}));
+  EXPECT_EQ(v(w.grad()), (std::vector<float>{10, 10}));
+  Tensor c = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
+  sum(mul(add(c, c), 1.5)).backward();
+  EXPECT_EQ(v(c.grad()), (std::vector<float>{3, 3}));
+  Tensor x = from_vector<float>({0.5f, -1, 2}, {3}).set_requires_grad(true);
+  Tensor h = x;
+  for (int i = 0; i < 3; ++i) h = add(h, mul(h, 0.5));  // d h / d h_prev = 1.5 per layer
+  sum(mul(h, 2.0)).backward();
+  EXPECT_EQ(v(x.grad()), (std::vector<float>{6.75f, 6.75f, 6.75f}));  // 2 * 1.5^3
+}
+
 // .grad accumulates across backward calls; retain_graph allows running the same graph again.
 TEST(Engine, AccumulationAndRetainGraph) {
   Tensor x = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
