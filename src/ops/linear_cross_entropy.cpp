@@ -99,26 +99,25 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
       }
     }
     if (need_w && !dw32.defined()) dw32 = zeros(weight.sizes(), {DType::Float32, weight.device()});
-    // The mean's 1/count, applied once to the small results (all rows ignored: zero gradient).
-    const double inv = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-    if (dx.defined()) mul_(dx, inv);
-    if (dw32.defined()) mul_(dw32, inv);
   }
+  // The mean's 1/count is applied in backward, with the incoming gradient, in the one pass that
+  // forms the results (all rows ignored: zero gradient).
+  const double inv = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
   // All rows ignored: 0/0 = NaN, as cross_entropy's Mean.
   Tensor out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32,
                              x.device());
   if (grad) {
-    autograd::record(
-        "LinearCrossEntropyBackward", {x, weight}, {&out},
-        [dx, dw32, wdtype = weight.dtype()](const TensorList& g, const std::vector<bool>& need) {
-          // New tensors, not the saved ones: with retain_graph a second backward
-          // must find them unchanged.
-          const double s = g[0].item_double();
-          Tensor gx, gw;
-          if (need[0] && dx.defined()) gx = mul(dx, s);
-          if (need[1] && dw32.defined()) gw = to_dtype(mul(dw32, s), wdtype);
-          return TensorList{gx, gw};
-        });
+    autograd::record("LinearCrossEntropyBackward", {x, weight}, {&out},
+                     [dx, dw32, inv, wdtype = weight.dtype()](const TensorList& g,
+                                                              const std::vector<bool>& need) {
+                       // New tensors, not the saved ones: with retain_graph a second backward
+                       // must find them unchanged.
+                       const double s = g[0].item_double() * inv;
+                       Tensor gx, gw;
+                       if (need[0] && dx.defined()) gx = mul(dx, s);
+                       if (need[1] && dw32.defined()) gw = to_dtype(mul(dw32, s), wdtype);
+                       return TensorList{gx, gw};
+                     });
   }
   return out;
 }

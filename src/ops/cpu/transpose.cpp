@@ -12,12 +12,24 @@ namespace td::cpu {
 namespace {
 
 constexpr int64_t kTile = 8;  // the register tile, in elements per side
-// A work unit: kBlockR destination rows (a long contiguous run of each source row) by kBlockC
-// destination columns (source rows), walked source row group by row group. Tall, narrow units
-// keep the reads streaming; measured on Zen 3 (2 threads) they beat square 64 x 64 blocks by
-// 1.3-1.8x ([1024, 2048]: 20 vs 11 GB/s; [8192, 512]: 13 vs 8.5 GB/s).
-constexpr int64_t kBlockR = 256;
-constexpr int64_t kBlockC = 32;
+// A work unit: br destination rows (a contiguous run of each source row) by bc destination
+// columns (source rows), in one of two shapes chosen by the source's row stride.
+// Note [Transpose blocks]: long source rows (>= kLongRowBytes apart) get tall, narrow units
+// walked source row group by source row group, which keep the reads streaming (they beat square
+// 64 x 64 units by 1.3-1.8x there); shorter rows get 128 x 64 units walked destination row group
+// by destination row group, so that each destination line is finished before the next. Measured
+// on the Zen 3 VM (2 threads, huge pages, interleaved repetitions, median ms):
+//   source          256 x 32, source rows outer   128 x 64, destination rows outer
+//   [2048, 1024]    1.72                          1.24
+//   [2048, 256]     0.215                         0.100
+//   [512, 8192]     3.46                          4.51
+struct BlockShape {
+  int64_t br, bc;
+  bool dst_rows_outer;
+};
+constexpr int64_t kLongRowBytes = 16384;
+constexpr BlockShape kLongRows{256, 32, false};
+constexpr BlockShape kShortRows{128, 64, true};
 constexpr int64_t kMinElems = 4096;  // below this the generic copy is as fast
 
 // One 2-D problem: D[r * ldd + c] = S[r + c * lds] for r < R, c < C (element units).
@@ -59,21 +71,31 @@ inline void tile8x8_b32(const uint32_t* s, int64_t lds, uint32_t* d, int64_t ldd
 }
 
 template <typename T>
-void block(const T* s, T* d, const Plane& p, int64_t r0, int64_t c0) {
-  const int64_t r1 = std::min(p.R, r0 + kBlockR), c1 = std::min(p.C, c0 + kBlockC);
-  const int64_t rf = r0 + (r1 - r0) / kTile * kTile, cf = c0 + (c1 - c0) / kTile * kTile;
-  for (int64_t c = c0; c < cf; c += kTile) {
-    for (int64_t r = r0; r < rf; r += kTile) {
-      const T* st = s + r + c * p.lds;
-      T* dt = d + r * p.ldd + c;
-      if constexpr (sizeof(T) == 4) {
-        tile8x8_b32(st, p.lds, dt, p.ldd);
-      } else {
-        tile_scalar(st, p.lds, dt, p.ldd, kTile, kTile);
-      }
-    }
-    if (rf < r1) tile_scalar(s + rf + c * p.lds, p.lds, d + rf * p.ldd + c, p.ldd, r1 - rf, kTile);
+inline void tile(const T* s, T* d, const Plane& p, int64_t r, int64_t c) {
+  const T* st = s + r + c * p.lds;
+  T* dt = d + r * p.ldd + c;
+  if constexpr (sizeof(T) == 4) {
+    tile8x8_b32(st, p.lds, dt, p.ldd);
+  } else {
+    tile_scalar(st, p.lds, dt, p.ldd, kTile, kTile);
   }
+}
+
+template <typename T>
+void block(const T* s, T* d, const Plane& p, const BlockShape& b, int64_t r0, int64_t c0) {
+  const int64_t r1 = std::min(p.R, r0 + b.br), c1 = std::min(p.C, c0 + b.bc);
+  const int64_t rf = r0 + (r1 - r0) / kTile * kTile, cf = c0 + (c1 - c0) / kTile * kTile;
+  if (b.dst_rows_outer) {
+    for (int64_t r = r0; r < rf; r += kTile) {
+      for (int64_t c = c0; c < cf; c += kTile) tile(s, d, p, r, c);
+    }
+  } else {
+    for (int64_t c = c0; c < cf; c += kTile) {
+      for (int64_t r = r0; r < rf; r += kTile) tile(s, d, p, r, c);
+    }
+  }
+  if (rf < r1)
+    tile_scalar(s + rf + c0 * p.lds, p.lds, d + rf * p.ldd + c0, p.ldd, r1 - rf, cf - c0);
   if (cf < c1)
     tile_scalar(s + r0 + cf * p.lds, p.lds, d + r0 * p.ldd + cf, p.ldd, r1 - r0, c1 - cf);
 }
@@ -91,26 +113,27 @@ void run(const Tensor& dst, const Tensor& src, int p) {
     bdims[nb++] = i;
     batch *= dst.size(i);
   }
-  const int64_t rb = (pl.R + kBlockR - 1) / kBlockR, cb = (pl.C + kBlockC - 1) / kBlockC;
+  const BlockShape bs =
+      pl.lds * static_cast<int64_t>(sizeof(T)) >= kLongRowBytes ? kLongRows : kShortRows;
+  const int64_t rb = (pl.R + bs.br - 1) / bs.br, cb = (pl.C + bs.bc - 1) / bs.bc;
   const T* s0 = static_cast<const T*>(src.data_ptr());
   T* d0 = static_cast<T*>(dst.data_ptr());
   const int64_t units = batch * rb * cb;
-  parallel_for(units, std::max<int64_t>(1, kGrain / (kBlockR * kBlockC)),
-               [&](int64_t u0, int64_t u1) {
-                 for (int64_t u = u0; u < u1; ++u) {
-                   int64_t rest = u / (rb * cb);
-                   const int64_t within = u % (rb * cb);
-                   int64_t so = 0, dof = 0;
-                   for (int k = nb - 1; k >= 0; --k) {
-                     const int i = bdims[k];
-                     const int64_t idx = rest % dst.size(i);
-                     rest /= dst.size(i);
-                     so += idx * src.stride(i);
-                     dof += idx * dst.stride(i);
-                   }
-                   block(s0 + so, d0 + dof, pl, (within / cb) * kBlockR, (within % cb) * kBlockC);
-                 }
-               });
+  parallel_for(units, std::max<int64_t>(1, kGrain / (bs.br * bs.bc)), [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      int64_t rest = u / (rb * cb);
+      const int64_t within = u % (rb * cb);
+      int64_t so = 0, dof = 0;
+      for (int k = nb - 1; k >= 0; --k) {
+        const int i = bdims[k];
+        const int64_t idx = rest % dst.size(i);
+        rest /= dst.size(i);
+        so += idx * src.stride(i);
+        dof += idx * dst.stride(i);
+      }
+      block(s0 + so, d0 + dof, pl, bs, (within / cb) * bs.br, (within % cb) * bs.bc);
+    }
+  });
 }
 
 }  // namespace
