@@ -85,6 +85,10 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="with --compare-torch: alternate td and torch timing runs this many times "
                         "and report the median of the per-round ratios (Note [Rounds])")
+    p.add_argument("--interleave", type=int, default=0, metavar="N",
+                   help="with --compare-torch: also time N steps alternating one td step and one "
+                        "step of each torch configuration, all processes kept alive, and report "
+                        "the median of the paired ratios (Note [Interleaved steps])")
     p.add_argument("--torch-steps", type=int, default=3,
                    help="measured steps per torch configuration (its default BLAS is slow)")
     p.add_argument("--torch-warmup", type=int, default=1)
@@ -153,6 +157,20 @@ def run_steps(a, step, steps, warmup, measure_memory, before=None, after=None):
     return times, losses, mem
 
 
+def serve(out, step, warmup):
+    """Note [Interleaved steps]: after `warmup` steps, announce readiness (with `out`), then run
+    one timed step per "step" line on stdin, answering with its time, until "quit"."""
+    for _ in range(warmup):
+        step()
+    print(json.dumps(dict(out, ready=True)), flush=True)
+    for cmd in sys.stdin:
+        if cmd.strip() != "step":
+            break
+        t0 = time.perf_counter()
+        loss = step()
+        print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3, "loss": loss}), flush=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # td worker
 
@@ -193,6 +211,8 @@ def td_worker(a, mode):
     def after():
         return td.memory_stats()["peak_bytes"]
 
+    if mode == "serve":
+        return serve(out, step, a.warmup)
     steps = a.steps if mode == "time" else 2
     times, losses, mem = run_steps(a, step, steps, a.warmup, mode == "memory", before, after)
     if mode == "memory":
@@ -242,6 +262,8 @@ def torch_worker(a, mode):
         opt.zero_grad(set_to_none=True)
         return float(loss.item())
 
+    if mode == "serve":
+        return serve(out, step, a.torch_warmup)
     steps = a.torch_steps if mode == "time" else 2
     times, losses, mem = run_steps(a, step, steps, a.torch_warmup, mode == "memory")
     if mode == "memory":
@@ -272,6 +294,69 @@ def spawn(args_list, worker, env_extra, label):
     res = json.loads(lines[-1])
     res["config"] = label
     return res
+
+
+def start_server(a, worker, env_extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = str(a.threads)
+    env.update(env_extra)
+    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", worker] + sys.argv[1:]
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def read_json(proc, label):
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"train_step.py: worker {label} exited (rc {proc.wait()})")
+    return json.loads(line)
+
+
+def interleaved(a, configs):
+    """Note [Interleaved steps]: the rounds of Note [Rounds] still time td and torch seconds
+    apart, and within one round the VM's speed can change by 30%. Here a td process and one
+    process per torch configuration stay alive, warmed up, and the parent asks each in turn for
+    one step: td, torch configurations, td, ... Step i of every framework thus runs within a few
+    seconds of the others, and the ratio torch_i / td_i of each such pair sees the same machine.
+    Reported: per configuration the median step times and the median of the paired ratios; the
+    summary's speedup_vs_torch_interleaved uses the configuration with the fastest median.
+    Only one process computes at a time (the others wait on a pipe)."""
+    servers = [("td", start_server(a, "td:serve", {}))]
+    servers += [(label, start_server(a, "torch:serve", env)) for label, env in configs]
+    try:
+        for label, p in servers:
+            read_json(p, label)  # ready (warm-up done)
+        times = {label: [] for label, _ in servers}
+        for _ in range(a.interleave):
+            for label, p in servers:
+                p.stdin.write("step\n")
+                p.stdin.flush()
+                times[label].append(read_json(p, label)["ms"])
+    finally:
+        for _, p in servers:
+            try:
+                p.stdin.write("quit\n")
+                p.stdin.close()
+            except OSError:
+                pass
+            p.wait()
+    td_ms = times["td"]
+    per_config = {}
+    for label, _ in configs:
+        per_config[label] = {
+            "step_ms": round(statistics.median(times[label]), 2),
+            "speedup_paired": round(statistics.median(
+                [t / d for t, d in zip(times[label], td_ms)]), 3),
+            "step_times_ms": [round(t, 1) for t in times[label]]}
+    best = min(per_config, key=lambda k: per_config[k]["step_ms"])
+    line = {"interleaved_steps": a.interleave, "td_step_ms": round(statistics.median(td_ms), 2),
+            "td_step_times_ms": [round(t, 1) for t in td_ms], "torch": per_config}
+    print(json.dumps(line), flush=True)
+    return {"interleaved_steps": a.interleave,
+            "interleaved_td_step_ms": line["td_step_ms"],
+            "interleaved_torch_config": best,
+            "interleaved_torch_step_ms": per_config[best]["step_ms"],
+            "speedup_vs_torch_interleaved": per_config[best]["speedup_paired"]}
 
 
 def torch_configs(a):
@@ -375,6 +460,8 @@ def main():
         summary["speedup_vs_torch_min"] = round(statistics.median(ratios_min), 3)
         summary["loss_step0_td"] = td_t["losses"][0]
         summary["loss_step0_torch"] = best_r["losses"][0]
+        if a.interleave > 0:
+            summary.update(interleaved(a, configs))
         if not a.no_memory:
             tm = spawn(a, "torch:memory", dict(mem_env, **best_env), best_label)
             summary["torch_peak_mem_bytes"] = tm["peak_rss_step_bytes"]
