@@ -318,8 +318,9 @@ def interleaved(a, configs):
     process per torch configuration stay alive, warmed up, and the parent asks each in turn for
     one step: td, torch configurations, td, ... Step i of every framework thus runs within a few
     seconds of the others, and the ratio torch_i / td_i of each such pair sees the same machine.
-    Reported: per configuration the median step times and the median of the paired ratios; the
-    summary's speedup_vs_torch_interleaved uses the configuration with the fastest median.
+    Reported: per configuration the median step times, the median of the paired ratios
+    (speedup_paired) and the ratio of the median step times (speedup_medians); the summary's
+    speedup_vs_torch_interleaved(_medians) use the configuration with the fastest median.
     Only one process computes at a time (the others wait on a pipe)."""
     servers = [("td", start_server(a, "td:serve", {}))]
     servers += [(label, start_server(a, "torch:serve", env)) for label, env in configs]
@@ -347,6 +348,7 @@ def interleaved(a, configs):
             "step_ms": round(statistics.median(times[label]), 2),
             "speedup_paired": round(statistics.median(
                 [t / d for t, d in zip(times[label], td_ms)]), 3),
+            "speedup_medians": round(statistics.median(times[label]) / statistics.median(td_ms), 3),
             "step_times_ms": [round(t, 1) for t in times[label]]}
     best = min(per_config, key=lambda k: per_config[k]["step_ms"])
     line = {"interleaved_steps": a.interleave, "td_step_ms": round(statistics.median(td_ms), 2),
@@ -356,7 +358,8 @@ def interleaved(a, configs):
             "interleaved_td_step_ms": line["td_step_ms"],
             "interleaved_torch_config": best,
             "interleaved_torch_step_ms": per_config[best]["step_ms"],
-            "speedup_vs_torch_interleaved": per_config[best]["speedup_paired"]}
+            "speedup_vs_torch_interleaved": per_config[best]["speedup_paired"],
+            "speedup_vs_torch_interleaved_medians": per_config[best]["speedup_medians"]}
 
 
 def torch_configs(a):
