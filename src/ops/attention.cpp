@@ -175,28 +175,64 @@ inline void gemm_rows_tail(int64_t mr, int64_t K, const float* A, int64_t asi, i
   }
 }
 
+// Note [Causal tiles]: on a block pair that straddles the causal diagonal, query row q of the
+// score tile sees only its first vis[q] keys (vis non-decreasing in q), and P and dS are zero
+// beyond them. The products skip what is masked, per micro-tile of up to 6 rows:
+//   Mask::Scores     S = Q K^T, dP = dO V^T: only the 16-column chunks some row of the tile sees
+//                    (the rest are never read);
+//   Mask::QueryRows  P V, dS K (rows are queries, the contraction runs over keys): the tile's
+//                    contraction stops at its last row's vis;
+//   Mask::KeyRows    P^T dO, dS^T Q (rows are keys, the contraction runs over queries): it starts
+//                    at the first query that sees the tile's first key.
+// The skipped terms are exact zeros, so the results are unchanged; about half of each diagonal
+// pair's products is skipped (4 of the 10 pairs of a T = 256 head in 64-row blocks).
+enum class Mask { None, Scores, QueryRows, KeyRows };
+
 // C[M, N] = (accumulate ? C : 0) + op(A)[M, K] B[K, N]; all row-major fp32 with leading dims;
-// op(A) = A ([M, K], lda) or, with trans_a, A^T of the stored [K, M] (lda), read in place.
+// op(A) = A ([M, K], lda) or, with trans_a, A^T of the stored [K, M] (lda), read in place. With a
+// mask, vis holds the visible keys per query row (Note [Causal tiles]).
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc, bool accumulate, bool trans_a = false) {
+          float* C, int64_t ldc, bool accumulate, bool trans_a = false, Mask mask = Mask::None,
+          const int64_t* vis = nullptr) {
   const int64_t asi = trans_a ? 1 : lda, ask = trans_a ? lda : 1;
   if (!accumulate) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
   }
+  struct Bounds {
+    int64_t kbeg, kend, nend;  // contraction [kbeg, kend), columns [0, nend)
+  };
+  auto bounds = [&](int64_t i, int64_t mr) {  // of rows [i, i + mr)
+    Bounds t{0, K, N};
+    if (mask == Mask::Scores) t.nend = vis[i + mr - 1];
+    if (mask == Mask::QueryRows) t.kend = vis[i + mr - 1];
+    if (mask == Mask::KeyRows) {
+      while (t.kbeg < K && vis[t.kbeg] <= i) ++t.kbeg;
+    }
+    return t;
+  };
   const int64_t n16 = N / kTileN * kTileN;
   for (int64_t j = 0; j < n16; j += kTileN) {
-    int64_t i = 0;
-    for (; i + 6 <= M; i += 6)
-      gemm_tile16<6>(K, A + i * asi, asi, ask, B + j, ldb, C + i * ldc + j, ldc);
-    gemm_rows_tail(M - i, K, A + i * asi, asi, ask, B + j, ldb, C + i * ldc + j, ldc);
+    for (int64_t i = 0; i < M; i += 6) {
+      const int64_t mr = std::min<int64_t>(6, M - i);
+      const Bounds t = bounds(i, mr);
+      if (j >= t.nend || t.kbeg >= t.kend) continue;
+      const float* a = A + i * asi + t.kbeg * ask;
+      const float* b = B + t.kbeg * ldb + j;
+      if (mr == 6) {
+        gemm_tile16<6>(t.kend - t.kbeg, a, asi, ask, b, ldb, C + i * ldc + j, ldc);
+      } else {
+        gemm_rows_tail(mr, t.kend - t.kbeg, a, asi, ask, b, ldb, C + i * ldc + j, ldc);
+      }
+    }
   }
   if (n16 == N) return;
   for (int64_t i = 0; i < M; ++i) {
+    const Bounds t = bounds(i, 1);
     float* c = C + i * ldc;
-    for (int64_t k = 0; k < K; ++k) {
+    for (int64_t k = t.kbeg; k < t.kend; ++k) {
       const float a = A[i * asi + k * ask];
       const float* b = B + k * ldb;
-      for (int64_t j = n16; j < N; ++j) c[j] = std::fma(a, b[j], c[j]);
+      for (int64_t j = n16; j < std::min(N, t.nend); ++j) c[j] = std::fma(a, b[j], c[j]);
     }
   }
 }
@@ -315,8 +351,10 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
           load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, kv.v.data());
         }
         const int64_t off = hoist ? k0 : 0;  // this key block's first row in the tiles
-        gemm(nq, nk, D, qs.data(), D, kv.kt.data() + off, kv.kn, s.data(), kBlockK, false);
         visible(d, q0, nq, k0, nk, vis.data());
+        const bool part = vis[0] < nk;  // straddles the diagonal (Note [Causal tiles])
+        gemm(nq, nk, D, qs.data(), D, kv.kt.data() + off, kv.kn, s.data(), kBlockK, false, false,
+             part ? Mask::Scores : Mask::None, vis.data());
         for (int64_t r = 0; r < nq; ++r) {
           float* sr = s.data() + r * kBlockK;
           const int64_t n = vis[r];
@@ -331,7 +369,8 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
           l[r] = l[r] * alpha + sum;
           m[r] = mnew;
         }
-        gemm(nq, Dv, nk, s.data(), kBlockK, kv.v.data() + off * Dv, Dv, acc.data(), Dv, true);
+        gemm(nq, Dv, nk, s.data(), kBlockK, kv.v.data() + off * Dv, Dv, acc.data(), Dv, true, false,
+             part ? Mask::QueryRows : Mask::None, vis.data());
       }
       for (int64_t r = 0; r < nq; ++r) {
         const float inv = 1.0f / l[r];
@@ -403,9 +442,13 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
             }
             const int64_t off = hoist ? k0 : 0;  // this key block's first row in ks/kt/vt
             const float* kb = ks.data() + off * D;
-            gemm(nq, nk, D, qs.data(), D, kt.data() + off, kn, p.data(), kBlockK, false);
-            gemm(nq, nk, Dv, gs.data(), Dv, vt.data() + off, kn, dp.data(), kBlockK, false);
             visible(d, q0, nq, k0, nk, vis.data());
+            const bool part = vis[0] < nk;  // straddles the diagonal (Note [Causal tiles])
+            const Mask scores = part ? Mask::Scores : Mask::None;
+            gemm(nq, nk, D, qs.data(), D, kt.data() + off, kn, p.data(), kBlockK, false, false,
+                 scores, vis.data());
+            gemm(nq, nk, Dv, gs.data(), Dv, vt.data() + off, kn, dp.data(), kBlockK, false, false,
+                 scores, vis.data());
             for (int64_t r = 0; r < nq; ++r) {
               float* pr = p.data() + r * kBlockK;
               float* dpr = dp.data() + r * kBlockK;
@@ -413,11 +456,13 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
               softmax_grad_row(pr, dpr, n, d.scale, ls[r], di[r]);
               for (int64_t c = n; c < nk; ++c) pr[c] = dpr[c] = 0.0f;
             }
+            const Mask keys = part ? Mask::KeyRows : Mask::None;
             gemm(nk, Dv, nq, p.data(), kBlockK, gs.data(), Dv, dva.data() + k0 * Dv, Dv, true,
-                 /*trans_a=*/true);
+                 /*trans_a=*/true, keys, vis.data());
             gemm(nk, D, nq, dp.data(), kBlockK, qs.data(), D, dka.data() + k0 * D, D, true,
-                 /*trans_a=*/true);
-            gemm(nq, D, nk, dp.data(), kBlockK, kb, D, dqa.data(), D, true);
+                 /*trans_a=*/true, keys, vis.data());
+            gemm(nq, D, nk, dp.data(), kBlockK, kb, D, dqa.data(), D, true, false,
+                 part ? Mask::QueryRows : Mask::None, vis.data());
           }
           store_rows(dqa.data(), nq, D, DQ.head(b, h) + q0 * DQ.st, DQ.st);
         }
