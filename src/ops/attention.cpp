@@ -12,6 +12,7 @@
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/transpose.h"
+#include "ops/cpu/vec_math.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
@@ -53,35 +54,15 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 18;
 constexpr int64_t kHoistFloats = int64_t{1} << 17;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Cephes-style expf (range reduction by ln 2, degree-6 polynomial, ~1 ulp), branch-free so GCC
-// vectorizes it (std::exp has no vector form without -ffast-math). The argument is clamped to
-// [-87.34, 87.34] (exp(-87.34) ~ 1e-38 is 0 next to a row sum >= 1) by an integer min on its
-// magnitude bits: a float compare would keep GCC from vectorizing under -ftrapping-math.
-// NaN is not propagated (inputs here are finite scores).
-inline float vexp(float x) {
-  constexpr int32_t kMaxMagnitude = 0x42aeac50;  // the bits of 87.3365447504f
-  const int32_t ix = std::bit_cast<int32_t>(x);
-  const float xc = std::bit_cast<float>((ix & INT32_MIN) | std::min(ix & INT32_MAX, kMaxMagnitude));
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds to int
-  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
+// Scores are finite: the exponentials use the clamped exp (Note [Clamped exp]).
+using cpu::vexp_clamped;
 
 // x[c] = exp(x[c] - m) for c < n; returns their sum (fp32, fixed 8-lane order).
 float exp_shift_sum(float* __restrict x, int64_t n, float m) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t c = 0; c < n; ++c) {
-    const float e = vexp(x[c] - m);
+    const float e = vexp_clamped(x[c] - m);
     x[c] = e;
     sum += e;
   }
@@ -104,7 +85,7 @@ void softmax_grad_row(float* __restrict p, float* __restrict dp, int64_t n, floa
                       float di) {
 #pragma omp simd
   for (int64_t c = 0; c < n; ++c) {
-    const float e = vexp(p[c] * scale - lse);
+    const float e = vexp_clamped(p[c] * scale - lse);
     p[c] = e;
     dp[c] = e * (dp[c] - di) * scale;
   }
@@ -361,7 +342,7 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
           const float mnew = std::max(m[r], scale_max(sr, n, d.scale));
           const float sum = mnew == kNegInf ? 0.0f : exp_shift_sum(sr, n, mnew);
           for (int64_t c = n; c < nk; ++c) sr[c] = 0.0f;
-          const float alpha = m[r] == kNegInf ? 0.0f : vexp(m[r] - mnew);
+          const float alpha = m[r] == kNegInf ? 0.0f : vexp_clamped(m[r] - mnew);
           if (alpha != 1.0f) {
             float* ar = acc.data() + r * Dv;
             for (int64_t j = 0; j < Dv; ++j) ar[j] *= alpha;

@@ -40,6 +40,33 @@ inline float vexp(float x) {
                               (0x7f800000 & over));  // under: 0 bits
 }
 
+// Note [Clamped exp]: the same polynomial for arguments known to be finite (attention scores),
+// and cheaper: the argument's magnitude is clamped to 87.34 by an integer min on its bits
+// (exp(-87.34) ~ 1e-38 next to the sums >= 1 it meets) instead of vexp's masks for NaN,
+// underflow and overflow. So a NaN argument gives a finite result, and exp(x) for x below
+// -87.34 is ~1e-38 rather than 0: not for activations, whose outputs for large negative inputs
+// would then be ~1e-37 instead of ~0 (Note [Activation numerics]). Equal to vexp on
+// [-87.34, 87.34] bit for bit (the 2^n scale is formed from the same rounded n).
+inline float vexp_clamped(float x) {
+  constexpr int32_t kMaxMagnitude = 0x42aeac50;  // the bits of 87.3365447504f
+  const int32_t ix = std::bit_cast<int32_t>(x);
+  const int32_t mag = ix & 0x7fffffff;
+  const float xc = std::bit_cast<float>((ix & static_cast<int32_t>(0x80000000)) |
+                                        (mag < kMaxMagnitude ? mag : kMaxMagnitude));
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds to int
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
 inline float row_max(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
