@@ -129,6 +129,28 @@ TEST(Matmul, RepackedLayouts) {
   check_matmul(g.narrow(1, 0, 1024).t(), randn_seeded({130, K}, 28).t(), fp32_atol(K), 0);
 }
 
+// Products whose operands have a power-of-two leading dimension >= 1024 floats are run on a copy
+// with a padded leading dimension (Note [Padded leading dimensions]): a column-major A with a
+// long contraction (a linear layer's dY^T X), a row-major B, a column-major B (x W^T, also with
+// a bias), and a sliced operand (offset, leading dimension 2048). Same reference and tolerance
+// as above (K = 1024 terms).
+TEST(Matmul, PaddedLeadingDimensions) {
+  const int64_t K = 1024;
+  Tensor at = randn_seeded({K, 1024}, 41).t();  // [1024, K], column-major, lda 1024
+  check_matmul(at, randn_seeded({K, 16}, 42), fp32_atol(K), 0);
+  Tensor a = randn_seeded({16, K}, 43);
+  check_matmul(a, randn_seeded({K, 1024}, 44), fp32_atol(K), 0);       // B row-major, ldb 1024
+  check_matmul(a, randn_seeded({1024, K}, 45).t(), fp32_atol(K), 0);   // B column-major
+  Tensor sliced = randn_seeded({K, 2048}, 46).narrow(1, 8, 1024).t();  // lda 2048, offset 8
+  check_matmul(sliced, randn_seeded({K, 16}, 47), fp32_atol(K), 0);
+  Tensor w = randn_seeded({1024, K}, 48), bias = randn_seeded({1024}, 49);
+  Shape shape;
+  std::vector<double> want = ref_matmul(a, w.t(), &shape);
+  std::vector<float> bv = to_vector<float>(bias);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i % 1024];
+  expect_close(linear(a, w, bias), want, fp32_atol(K), 0);
+}
+
 // Batch dims broadcast like numpy: size-1 dims, missing leading dims, expanded (stride 0)
 // operands, and a 2-D weight shared by a whole batch (folded into one GEMM).
 TEST(Matmul, BroadcastBatch) {

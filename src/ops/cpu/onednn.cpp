@@ -37,9 +37,11 @@ std::atomic<int64_t> g_created{0};
 // at once, so entries are shared_ptrs handed out under the lock and run outside it.
 struct Entry {
   std::shared_ptr<dnnl::matmul> prim;  // null: oneDNN only had its reference implementation
-  // Note [Operand layouts for sgemm]: operands to copy into the other inner layout first.
+  // Note [Operand layouts for sgemm]: operands to copy into the other inner layout first, or
+  // into the same layout with a padded leading dimension (the new one; 0: not padded).
   bool repack_a = false;  // a column-major: copy it row-major
   bool repack_b = false;  // b row-major: copy it column-major
+  int64_t pad_a = 0, pad_b = 0;
 };
 
 using Key = std::vector<int64_t>;
@@ -183,6 +185,18 @@ Operand repacked(const Operand& op) {
   return r;
 }
 
+// The operand with its leading dimension (the stride of its non-unit-stride inner dim) set to
+// ld, same orientation.
+Operand padded(const Operand& op, int64_t ld) {
+  Operand r = op;
+  const size_t nd = op.dims.size();
+  const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
+  const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
+  (row_major ? r.strides[nd - 2] : r.strides[nd - 1]) = ld;
+  for (size_t d = 0; d + 2 < nd; ++d) r.strides[d] = ld * (row_major ? R : C);  // batch dims 1
+  return r;
+}
+
 // Note [Operand layouts for sgemm]: oneDNN 2.6's fp32 GEMM on AVX2 CPUs ("gemm:jit", no brgemm
 // below AVX-512) is up to 2x slower for some operand layouts, and the weight gradient of every
 // linear layer, dW = dY^T X, hits them: both operands are stored [tokens, features], so the
@@ -200,6 +214,26 @@ Operand repacked(const Operand& op) {
 // speed up (each copied element feeds at least 128 multiply-adds). The rule applies only to
 // that implementation and fp32, single matrices; other ISAs (brgemm) and dtypes keep their
 // layouts.
+// Note [Padded leading dimensions]: most of that slowdown is the leading dimension, not the
+// layout. With a power-of-two leading dimension of 4 KiB or more (a model's 1024 or 8192
+// features) the GEMM's strided panel reads fall into a few cache sets. Measured with dnnl_sgemm
+// (GFLOP/s, 2 threads), TN with the model's leading dims / with 16 floats of padding / NN after a
+// transpose: c_fc dW 1024 x 2048 x 256: 55 / 89 / 90; mlp.c_proj dW 256 x 2048 x 1024 (B
+// row-major, ldb 1024): 49-94 / 101-115 / 107 (NT); and an NT product with ldb 1024 (mlp.c_proj
+// forward) 100 -> 109. So a column-major A, or any B, whose leading dimension is such a power of
+// two is copied into the same layout with the leading dimension + kLdPad: a row-by-row copy at
+// memcpy speed instead of a transposition (~10-15 GB/s). For A only with a long contraction
+// (K >= 1024): the LM head's dW chunk (8192 x 512 x 256, lda 8192) ran slower padded (25 vs
+// 23 ms) than transposed. In td matmul, interleaved (ms, median of 21): c_fc dW 12.9 -> 11.8,
+// mlp.c_proj dW 13.5 -> 10.5, mlp.c_proj forward 10.3 -> 9.8. The transposing repack stays for
+// the other slow cases above.
+constexpr int64_t kLdPad = 16;
+constexpr int64_t kMinConflictLd = 1024;  // floats: 4 KiB
+
+bool conflicting_ld(int64_t ld) {
+  return ld >= kMinConflictLd && (ld & (ld - 1)) == 0;
+}
+
 void choose_repacking(Entry& e, const dnnl::matmul::primitive_desc& pd, const Operand& a,
                       const Operand& b, memory::data_type dt) {
   if (dt != memory::data_type::f32 || std::string(pd.impl_info_str()) != "gemm:jit") return;
@@ -210,8 +244,22 @@ void choose_repacking(Entry& e, const dnnl::matmul::primitive_desc& pd, const Op
   const int64_t M = a.dims[nd - 2], K = a.dims[nd - 1], N = b.dims[nd - 1];
   const bool a_col = a.strides[nd - 2] == 1 && a.strides[nd - 1] != 1 && M > 1;
   const bool b_row = b.strides[nd - 1] == 1 && b.strides[nd - 2] != 1 && K > 1;
-  e.repack_a = a_col && K >= 256 && M >= 1024 && N >= 128;
-  e.repack_b = b_row && M >= 64 && M <= 256 && K >= 512 && N >= 512;
+  const bool b_col = b.strides[nd - 2] == 1 && b.strides[nd - 1] != 1 && N > 1;
+  const int64_t lda = a.strides[nd - 1], ldb = b_row ? b.strides[nd - 2] : b.strides[nd - 1];
+  const bool big =
+      M * K * N >=
+      (int64_t{1}
+       << 24);  // the copy is a small share of the work  // the copy is a small share of the work
+  if (big && a_col && conflicting_ld(lda) && K >= 1024) {
+    e.pad_a = lda + kLdPad;
+  } else {
+    e.repack_a = a_col && K >= 256 && M >= 1024 && N >= 128;
+  }
+  if (big && (b_row || b_col) && conflicting_ld(ldb)) {
+    e.pad_b = ldb + kLdPad;
+  } else {
+    e.repack_b = b_row && M >= 64 && M <= 256 && K >= 512 && N >= 512;
+  }
 }
 
 Entry create(const Operand& a, const Operand& b, bool has_bias, const memory::dims& out_dims,
@@ -219,9 +267,10 @@ Entry create(const Operand& a, const Operand& b, bool has_bias, const memory::di
   Entry e;
   dnnl::matmul::primitive_desc pd = describe_matmul(a, b, has_bias, out_dims, dt);
   choose_repacking(e, pd, a, b, dt);
-  if (e.repack_a || e.repack_b) {
-    pd = describe_matmul(e.repack_a ? repacked(a) : a, e.repack_b ? repacked(b) : b, has_bias,
-                         out_dims, dt);
+  if (e.repack_a || e.repack_b || e.pad_a || e.pad_b) {
+    const Operand ao = e.repack_a ? repacked(a) : e.pad_a ? padded(a, e.pad_a) : a;
+    const Operand bo = e.repack_b ? repacked(b) : e.pad_b ? padded(b, e.pad_b) : b;
+    pd = describe_matmul(ao, bo, has_bias, out_dims, dt);
   }
   // Note [Reference matmul]: oneDNN answers every layout with at least "ref:any", a naive
   // loop nest orders of magnitude slower than its GEMM. Such layouts are copied to contiguous
@@ -244,6 +293,26 @@ Tensor repack(const Tensor& t, const Operand& op) {
   Shape ps = packed.strides();
   std::swap(ps[nd - 1], ps[nd - 2]);
   return as_strided(packed, t.sizes(), ps, 0);
+}
+
+// A copy of t (inner matrix [R, C]) in the layout `op` describes: t's own orientation with a
+// padded leading dimension (padded()). Rows (or, column-major, columns) are copied as
+// contiguous runs; the padding is left unset (never read).
+Tensor pad_copy(const Tensor& t, const Operand& op) {
+  const size_t nd = op.dims.size();
+  const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
+  const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
+  const int64_t ld = row_major ? op.strides[nd - 2] : op.strides[nd - 1];
+  Tensor buf = Tensor::empty({(row_major ? R : C) * ld}, t.dtype(), t.device());
+  Shape st(op.strides.begin(), op.strides.end());
+  Tensor view = as_strided(buf, t.sizes(), st, 0);
+  if (row_major) {
+    copy_into(view, t);
+  } else {
+    const int64_t p = static_cast<int64_t>(nd) - 2, q = p + 1;
+    copy_into(view.transpose(p, q), t.transpose(p, q));  // walks the unit-stride dim
+  }
+  return view;
 }
 
 }  // namespace
@@ -348,6 +417,14 @@ void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const T
   if (e->repack_b) {
     bo = repacked(bo);
     bp = repack(b, bo);
+  }
+  if (e->pad_a) {  // Note [Padded leading dimensions]
+    ao = padded(ao, e->pad_a);
+    ap = pad_copy(a, ao);
+  }
+  if (e->pad_b) {
+    bo = padded(bo, e->pad_b);
+    bp = pad_copy(b, bo);
   }
   dnnl::engine& eng = onednn_engine();
   memory am(memory::desc(ao.dims, dt, ao.strides), eng, ap.data_ptr());
