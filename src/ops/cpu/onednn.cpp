@@ -1,11 +1,13 @@
 #include "ops/cpu/onednn.h"
 
 #include <atomic>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
 
+#include "ops/cpu/loops.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/view.h"
 
@@ -296,22 +298,34 @@ Tensor repack(const Tensor& t, const Operand& op) {
 }
 
 // A copy of t (inner matrix [R, C]) in the layout `op` describes: t's own orientation with a
-// padded leading dimension (padded()). Rows (or, column-major, columns) are copied as
-// contiguous runs; the padding is left unset (never read).
+// padded leading dimension (padded()). Its runs (rows, or columns when column-major) are
+// contiguous in t, so they are copied with memcpy in parallel; the padding is left unset
+// (never read).
 Tensor pad_copy(const Tensor& t, const Operand& op) {
   const size_t nd = op.dims.size();
   const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
   const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
   const int64_t ld = row_major ? op.strides[nd - 2] : op.strides[nd - 1];
-  Tensor buf = Tensor::empty({(row_major ? R : C) * ld}, t.dtype(), t.device());
+  const int64_t runs = row_major ? R : C, len = row_major ? C : R;
+  Tensor buf = Tensor::empty({runs * ld}, t.dtype(), t.device());
   Shape st(op.strides.begin(), op.strides.end());
   Tensor view = as_strided(buf, t.sizes(), st, 0);
-  if (row_major) {
+  const int64_t tn = t.dim();
+  const int64_t unit = row_major ? t.stride(tn - 1) : t.stride(tn - 2);
+  const int64_t src_ld = row_major ? t.stride(tn - 2) : t.stride(tn - 1);
+  if (unit != 1 && len > 1) {  // not reached for the layouts choose_repacking pads
     copy_into(view, t);
-  } else {
-    const int64_t p = static_cast<int64_t>(nd) - 2, q = p + 1;
-    copy_into(view.transpose(p, q), t.transpose(p, q));  // walks the unit-stride dim
+    return view;
   }
+  const size_t es = t.element_size();
+  const char* src = static_cast<const char*>(t.data_ptr());
+  char* dst = static_cast<char*>(buf.data_ptr());
+  parallel_for(runs, std::max<int64_t>(1, kGrain / std::max<int64_t>(len, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t r = b; r < e; ++r) {
+                   std::memcpy(dst + r * ld * es, src + r * src_ld * es, len * es);
+                 }
+               });
   return view;
 }
 
