@@ -57,18 +57,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Scores are finite: the exponentials use the clamped exp (Note [Clamped exp]).
 using cpu::vexp_clamped;
 
-// x[c] = exp(x[c] - m) for c < n; returns their sum (fp32, fixed 8-lane order).
-float exp_shift_sum(float* __restrict x, int64_t n, float m) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < n; ++c) {
-    const float e = vexp_clamped(x[c] - m);
-    x[c] = e;
-    sum += e;
-  }
-  return sum;
-}
-
 // x[c] *= scale for c < n; returns the max.
 float scale_max(float* __restrict x, int64_t n, float scale) {
   float mx = kNegInf;
@@ -340,7 +328,8 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
           float* sr = s.data() + r * kBlockK;
           const int64_t n = vis[r];
           const float mnew = std::max(m[r], scale_max(sr, n, d.scale));
-          const float sum = mnew == kNegInf ? 0.0f : exp_shift_sum(sr, n, mnew);
+          const float sum =
+              mnew == kNegInf ? 0.0f : cpu::exp_shift_sum<vexp_clamped>(sr, sr, n, mnew);
           for (int64_t c = n; c < nk; ++c) sr[c] = 0.0f;
           const float alpha = m[r] == kNegInf ? 0.0f : vexp_clamped(m[r] - mnew);
           if (alpha != 1.0f) {

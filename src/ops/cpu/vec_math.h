@@ -7,12 +7,30 @@
 
 namespace td::cpu {
 
+// exp(x) for x in [-87.34, 88]: Cephes' range reduction by ln 2 and degree-6 polynomial, the
+// core that vexp and vexp_clamped share (they differ only in how they bring x into range).
+inline float exp_in_range(float x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds to int
+  const float tr = x * 1.44269504088896341f + kRound;
+  const float n = tr - kRound;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((std::bit_cast<int32_t>(tr) - 0x4B400000 + 127) << 23);
+}
+
 // Note [Vectorized exp]: std::exp has no vector form without -ffast-math, and it dominates
-// softmax. This is Cephes' expf (range reduction by ln 2, degree-6 polynomial; measured max
-// error 1.4 ulp on [-87, 88]). Special cases are blended with integer masks rather than `?:`
-// on floats: under the default -ftrapping-math GCC turns float selects into branches around
-// the polynomial and then refuses to vectorize the loop. Results below exp(-87.3) flush to 0,
-// above exp(88) are +inf, NaN propagates.
+// softmax. This is Cephes' expf (exp_in_range; measured max error 1.4 ulp on [-87, 88]).
+// Special cases are blended with integer masks rather than `?:` on floats: under the default
+// -ftrapping-math GCC turns float selects into branches around the polynomial and then refuses
+// to vectorize the loop. Results below exp(-87.3) flush to 0, above exp(88) are +inf, NaN
+// propagates.
 inline float vexp(float x) {
   constexpr float kLo = -87.3365447504f, kHi = 88.0f;
   const int32_t ix = std::bit_cast<int32_t>(x), mag = ix & 0x7fffffff;
@@ -23,19 +41,7 @@ inline float vexp(float x) {
   const int32_t keep = ~(nan | under | over);
   const float xc = std::bit_cast<float>((ix & keep) | (std::bit_cast<int32_t>(kLo) & under) |
                                         (std::bit_cast<int32_t>(kHi) & over));
-  constexpr float kRound = 12582912.0f;
-  float tr = xc * 1.44269504088896341f + kRound;
-  float n = tr - kRound;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  float y = p * std::bit_cast<float>((std::bit_cast<int32_t>(tr) - 0x4B400000 + 127) << 23);
+  const float y = exp_in_range(xc);
   return std::bit_cast<float>((std::bit_cast<int32_t>(y) & keep) | (ix & nan) |
                               (0x7f800000 & over));  // under: 0 bits
 }
@@ -46,25 +52,13 @@ inline float vexp(float x) {
 // underflow and overflow. So a NaN argument gives a finite result, and exp(x) for x below
 // -87.34 is ~1e-38 rather than 0: not for activations, whose outputs for large negative inputs
 // would then be ~1e-37 instead of ~0 (Note [Activation numerics]). Equal to vexp on
-// [-87.34, 87.34] bit for bit (the 2^n scale is formed from the same rounded n).
+// [-87.34, 87.34] bit for bit (both are exp_in_range there).
 inline float vexp_clamped(float x) {
   constexpr int32_t kMaxMagnitude = 0x42aeac50;  // the bits of 87.3365447504f
   const int32_t ix = std::bit_cast<int32_t>(x);
   const int32_t mag = ix & 0x7fffffff;
-  const float xc = std::bit_cast<float>((ix & static_cast<int32_t>(0x80000000)) |
-                                        (mag < kMaxMagnitude ? mag : kMaxMagnitude));
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds to int
-  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return exp_in_range(std::bit_cast<float>((ix & static_cast<int32_t>(0x80000000)) |
+                                           (mag < kMaxMagnitude ? mag : kMaxMagnitude)));
 }
 
 inline float row_max(const float* x, int64_t n) {
@@ -83,11 +77,13 @@ inline float softmax_shift(const float* x, int64_t n) {
 }
 
 // y[j] = exp(x[j] - shift) for j < n (y may be x); returns their sum (fp32, vector-lane order).
+// Exp is vexp, or vexp_clamped where the arguments are known finite (attention scores).
+template <float (*Exp)(float) = vexp>
 inline float exp_shift_sum(const float* x, float* y, int64_t n, float shift) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) {
-    const float e = vexp(x[j] - shift);
+    const float e = Exp(x[j] - shift);
     y[j] = e;
     s += e;
   }
