@@ -28,16 +28,15 @@ struct Capture {
 };
 
 // Note [In-place gradient accumulation]: a tensor that feeds several ops (the residual stream,
-// tied embeddings) gets one gradient per use, summed here. When the slot holds the only
-// reference to its tensor and to that tensor's storage (no view of it, no other slot or saved
-// variable holding it: a node may pass one tensor to several edges) and g has its shape, dtype
-// and device, g is added into it in place: no new buffer and one pass fewer. Otherwise, and
-// always when the backward itself is recorded (create_graph), the sum is a new tensor. The same
-// test decides whether AccumulateGrad may keep an incoming buffer as .grad.
+// tied embeddings) gets one gradient per use, summed here. When the slot is a sole buffer
+// (is_sole_buffer: no view of it, no other slot or saved variable holding it; a node may pass
+// one tensor to several edges) and g has its shape, dtype and device, g is added into it in
+// place: no new buffer and one pass fewer. Otherwise, and always when the backward itself is
+// recorded (create_graph), the sum is a new tensor. AccumulateGrad decides by the same test
+// whether it may keep an incoming buffer as .grad.
 bool can_add_in_place(const Tensor& slot, const Tensor& g) {
-  return !grad_enabled() && slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
-         !slot.requires_grad() && slot.is_contiguous() && slot.sizes() == g.sizes() &&
-         slot.dtype() == g.dtype() && slot.device() == g.device();
+  return !grad_enabled() && is_sole_buffer(slot) && !slot.requires_grad() &&
+         slot.sizes() == g.sizes() && slot.dtype() == g.dtype() && slot.device() == g.device();
 }
 
 void accumulate(Tensor& slot, Tensor g) {

@@ -40,6 +40,10 @@ AutogradMeta* meta_of(const Tensor& t) {
 
 AccumulateGrad::AccumulateGrad(Tensor leaf) : Node(1), leaf_(std::move(leaf)) {}
 
+bool is_sole_buffer(const Tensor& g) {
+  return g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+}
+
 TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
@@ -53,8 +57,7 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   if (!m.grad.defined()) {
     // Steal the incoming buffer when nobody else can see it; otherwise copy, so that later
     // in-place accumulation never writes into a tensor shared with another leaf.
-    bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
-    m.grad = grad_enabled() ? g : (sole ? g.detach() : clone(g.detach()));
+    m.grad = grad_enabled() ? g : (is_sole_buffer(g) ? g.detach() : clone(g.detach()));
   } else if (grad_enabled()) {
     m.grad = add(m.grad, g);  // create_graph: keep the accumulation differentiable
   } else {

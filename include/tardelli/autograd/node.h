@@ -71,6 +71,12 @@ struct AutogradMeta {
 AutogradMeta& get_or_create_meta(const Tensor& t);
 AutogradMeta* meta_of(const Tensor& t);  // null if none
 
+// Whether g is a contiguous gradient buffer that nothing else holds: the only handle to its
+// tensor and to its storage (no view of it, no other slot or saved variable). The engine sums
+// further gradients into such a buffer in place, and AccumulateGrad keeps it as .grad without a
+// copy (Note [In-place gradient accumulation]).
+bool is_sole_buffer(const Tensor& g);
+
 // Accumulates into a leaf's .grad (sum over all uses), then runs post-accumulate hooks.
 class AccumulateGrad final : public Node {
  public:
