@@ -95,6 +95,18 @@ struct Operand {
   memory::dims dims, strides;
 };
 
+// Whether the operand's inner matrix is stored row-major (unit stride along its columns).
+bool row_major(const Operand& op) {
+  const size_t nd = op.dims.size();
+  return op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
+}
+
+// The stride of the inner matrix's non-unit-stride dim.
+int64_t leading_dim(const Operand& op) {
+  const size_t nd = op.dims.size();
+  return row_major(op) ? op.strides[nd - 2] : op.strides[nd - 1];
+}
+
 // Rewrites the strides of a [batch..., R, C] operand into a form oneDNN's GEMM accepts: batch
 // dims that are broadcast (size 1 or stride 0) become size 1, and size-1 dims get strides that
 // make the inner matrix plainly row- or column-major. Returns false when the inner matrix has
@@ -180,9 +192,9 @@ Operand repacked(const Operand& op) {
   Operand r = op;
   const size_t nd = op.dims.size();
   const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
-  const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
-  r.strides[nd - 2] = row_major ? 1 : C;
-  r.strides[nd - 1] = row_major ? R : 1;
+  const bool rm = row_major(op);
+  r.strides[nd - 2] = rm ? 1 : C;
+  r.strides[nd - 1] = rm ? R : 1;
   for (size_t d = 0; d + 2 < nd; ++d) r.strides[d] = R * C;  // batch dims are all 1 here
   return r;
 }
@@ -193,9 +205,9 @@ Operand padded(const Operand& op, int64_t ld) {
   Operand r = op;
   const size_t nd = op.dims.size();
   const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
-  const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
-  (row_major ? r.strides[nd - 2] : r.strides[nd - 1]) = ld;
-  for (size_t d = 0; d + 2 < nd; ++d) r.strides[d] = ld * (row_major ? R : C);  // batch dims 1
+  const bool rm = row_major(op);
+  (rm ? r.strides[nd - 2] : r.strides[nd - 1]) = ld;
+  for (size_t d = 0; d + 2 < nd; ++d) r.strides[d] = ld * (rm ? R : C);  // batch dims 1
   return r;
 }
 
@@ -247,11 +259,8 @@ void choose_repacking(Entry& e, const dnnl::matmul::primitive_desc& pd, const Op
   const bool a_col = a.strides[nd - 2] == 1 && a.strides[nd - 1] != 1 && M > 1;
   const bool b_row = b.strides[nd - 1] == 1 && b.strides[nd - 2] != 1 && K > 1;
   const bool b_col = b.strides[nd - 2] == 1 && b.strides[nd - 1] != 1 && N > 1;
-  const int64_t lda = a.strides[nd - 1], ldb = b_row ? b.strides[nd - 2] : b.strides[nd - 1];
-  const bool big =
-      M * K * N >=
-      (int64_t{1}
-       << 24);  // the copy is a small share of the work  // the copy is a small share of the work
+  const int64_t lda = leading_dim(a), ldb = leading_dim(b);
+  const bool big = M * K * N >= (int64_t{1} << 24);  // the copy is a small share of the work
   if (big && a_col && conflicting_ld(lda) && K >= 1024) {
     e.pad_a = lda + kLdPad;
   } else {
@@ -304,15 +313,15 @@ Tensor repack(const Tensor& t, const Operand& op) {
 Tensor pad_copy(const Tensor& t, const Operand& op) {
   const size_t nd = op.dims.size();
   const int64_t R = op.dims[nd - 2], C = op.dims[nd - 1];
-  const bool row_major = op.strides[nd - 1] == 1 && op.strides[nd - 2] != 1;
-  const int64_t ld = row_major ? op.strides[nd - 2] : op.strides[nd - 1];
-  const int64_t runs = row_major ? R : C, len = row_major ? C : R;
+  const bool rm = row_major(op);
+  const int64_t ld = leading_dim(op);
+  const int64_t runs = rm ? R : C, len = rm ? C : R;
   Tensor buf = Tensor::empty({runs * ld}, t.dtype(), t.device());
   Shape st(op.strides.begin(), op.strides.end());
   Tensor view = as_strided(buf, t.sizes(), st, 0);
   const int64_t tn = t.dim();
-  const int64_t unit = row_major ? t.stride(tn - 1) : t.stride(tn - 2);
-  const int64_t src_ld = row_major ? t.stride(tn - 2) : t.stride(tn - 1);
+  const int64_t unit = rm ? t.stride(tn - 1) : t.stride(tn - 2);
+  const int64_t src_ld = rm ? t.stride(tn - 2) : t.stride(tn - 1);
   if (unit != 1 && len > 1) {  // not reached for the layouts choose_repacking pads
     copy_into(view, t);
     return view;
