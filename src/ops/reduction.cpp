@@ -57,18 +57,14 @@ bool sum_leading_row_blocks(const T* in, int64_t R, int64_t C, TO* o, double sca
       sum_acc_t<T>* acc = part.data() + k * C;
       const int64_t i1 = std::min(R, (k + 1) * rows);
       int64_t i = k * rows;
+      auto v = [](T x) { return static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(x)); };
       for (; i + 4 <= i1; i += 4) {  // four rows per pass over the accumulators
         const T *r0 = in + i * C, *r1 = r0 + C, *r2 = r1 + C, *r3 = r2 + C;
-        for (int64_t j = 0; j < C; ++j) {
-          acc[j] += (static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r0[j])) +
-                     static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r1[j]))) +
-                    (static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r2[j])) +
-                     static_cast<sum_acc_t<T>>(static_cast<acc_t<T>>(r3[j])));
-        }
+        for (int64_t j = 0; j < C; ++j) acc[j] += (v(r0[j]) + v(r1[j])) + (v(r2[j]) + v(r3[j]));
       }
       for (; i < i1; ++i) {
         const T* row = in + i * C;
-        for (int64_t j = 0; j < C; ++j) acc[j] += static_cast<acc_t<T>>(row[j]);
+        for (int64_t j = 0; j < C; ++j) acc[j] += v(row[j]);
       }
     }
   });
