@@ -169,16 +169,10 @@ bool transpose_copy(const Tensor& dst, const Tensor& src) {
 }
 
 void transpose_plane(int64_t R, int64_t C, const float* src, int64_t lds, float* dst, int64_t ldd) {
-  // tile8x8_b32 and tile_scalar take the destination's view: D[r * ldd + c] = S[r + c * lds]
-  // with r along dst rows (the source's columns) and c along the source's rows.
-  const auto* s = reinterpret_cast<const uint32_t*>(src);
-  auto* d = reinterpret_cast<uint32_t*>(dst);
-  const int64_t rf = R / kTile * kTile, cf = C / kTile * kTile;
-  for (int64_t r = 0; r < rf; r += kTile) {
-    for (int64_t c = 0; c < cf; c += kTile) tile8x8_b32(s + r * lds + c, lds, d + c * ldd + r, ldd);
-    if (cf < C) tile_scalar(s + r * lds + cf, lds, d + cf * ldd + r, ldd, C - cf, kTile);
-  }
-  if (rf < R) tile_scalar(s + rf * lds, lds, d + rf, ldd, C, R - rf);
+  // One block covering the plane, in block()'s destination view (C destination rows, the
+  // source's columns, by R destination columns), walked source row group by source row group.
+  block(reinterpret_cast<const uint32_t*>(src), reinterpret_cast<uint32_t*>(dst),
+        Plane{C, R, lds, ldd}, BlockShape{C, R, false}, 0, 0);
 }
 
 }  // namespace td::cpu
