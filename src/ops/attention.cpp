@@ -180,12 +180,12 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
     return t;
   };
   const int64_t n16 = N / kTileN * kTileN;
-  for (int64_t j = 0; j < n16; j += kTileN) {
-    for (int64_t i = 0; i < M; i += 6) {
-      const int64_t mr = std::min<int64_t>(6, M - i);
-      const Bounds t = bounds(i, mr);
-      if (j >= t.nend || t.kbeg >= t.kend) continue;
-      const float* a = A + i * asi + t.kbeg * ask;
+  for (int64_t i = 0; i < M; i += 6) {  // the bounds once per row tile
+    const int64_t mr = std::min<int64_t>(6, M - i);
+    const Bounds t = bounds(i, mr);
+    if (t.kbeg >= t.kend) continue;
+    const float* a = A + i * asi + t.kbeg * ask;
+    for (int64_t j = 0; j < std::min(n16, t.nend); j += kTileN) {
       const float* b = B + t.kbeg * ldb + j;
       if (mr == 6) {
         gemm_tile16<6>(t.kend - t.kbeg, a, asi, ask, b, ldb, C + i * ldc + j, ldc);
