@@ -304,9 +304,12 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
       const int64_t hk = h / d.group;
       const int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, d.Tq - q0);
       const int64_t kend = d.limit(q0 + nq - 1);
+      auto load_kv = [&](int64_t t0, int64_t n) {  // key rows [t0, t0 + n) into the tiles
+        load_rows_t(K.head(b, hk), K.st, K.sd, t0, n, D, kv.rows.data(), kv.kt.data(), kv.kn);
+        load_rows(V.head(b, hk), V.st, V.sd, t0, n, Dv, kv.v.data());
+      };
       if (hoist && kv.head != b * d.Hkv + hk) {
-        load_rows_t(K.head(b, hk), K.st, K.sd, 0, d.Tk, D, kv.rows.data(), kv.kt.data(), kv.kn);
-        load_rows(V.head(b, hk), V.st, V.sd, 0, d.Tk, Dv, kv.v.data());
+        load_kv(0, d.Tk);
         kv.head = b * d.Hkv + hk;
       }
       load_rows(Q.head(b, h), Q.st, Q.sd, q0, nq, D, qs.data());
@@ -315,10 +318,7 @@ void flash_forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
         const int64_t nk = std::min(kBlockK, kend - k0);
-        if (!hoist) {
-          load_rows_t(K.head(b, hk), K.st, K.sd, k0, nk, D, kv.rows.data(), kv.kt.data(), kv.kn);
-          load_rows(V.head(b, hk), V.st, V.sd, k0, nk, Dv, kv.v.data());
-        }
+        if (!hoist) load_kv(k0, nk);
         const int64_t off = hoist ? k0 : 0;  // this key block's first row in the tiles
         visible(d, q0, nq, k0, nk, vis.data());
         const bool part = vis[0] < nk;  // straddles the diagonal (Note [Causal tiles])
@@ -381,11 +381,12 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
       const int64_t b = task / d.Hkv, hk = task % d.Hkv;
       std::fill(dka.begin(), dka.end(), 0.0f);
       std::fill(dva.begin(), dva.end(), 0.0f);
-      if (hoist) {
-        load_rows(K.head(b, hk), K.st, K.sd, 0, d.Tk, D, ks.data());
-        cpu::transpose_plane(d.Tk, D, ks.data(), D, kt.data(), kn);
-        load_rows_t(V.head(b, hk), V.st, V.sd, 0, d.Tk, Dv, rows.data(), vt.data(), kn);
-      }
+      auto load_kv = [&](int64_t t0, int64_t n) {  // K, K^T and V^T of key rows [t0, t0 + n)
+        load_rows(K.head(b, hk), K.st, K.sd, t0, n, D, ks.data());
+        cpu::transpose_plane(n, D, ks.data(), D, kt.data(), kn);
+        load_rows_t(V.head(b, hk), V.st, V.sd, t0, n, Dv, rows.data(), vt.data(), kn);
+      };
+      if (hoist) load_kv(0, d.Tk);
       for (int64_t h = hk * d.group; h < (hk + 1) * d.group; ++h) {
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, d.Tq - q0);
@@ -405,11 +406,7 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
           const int64_t kend = d.limit(q0 + nq - 1);
           for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
             const int64_t nk = std::min(kBlockK, kend - k0);
-            if (!hoist) {
-              load_rows(K.head(b, hk), K.st, K.sd, k0, nk, D, ks.data());
-              cpu::transpose_plane(nk, D, ks.data(), D, kt.data(), kn);
-              load_rows_t(V.head(b, hk), V.st, V.sd, k0, nk, Dv, rows.data(), vt.data(), kn);
-            }
+            if (!hoist) load_kv(k0, nk);
             const int64_t off = hoist ? k0 : 0;  // this key block's first row in ks/kt/vt
             const float* kb = ks.data() + off * D;
             visible(d, q0, nq, k0, nk, vis.data());
@@ -441,6 +438,12 @@ void flash_backward_kernel(const Dims& d, const Tensor& g, const Tensor& q, cons
       store_rows(dva.data(), d.Tk, Dv, DV.head(b, hk), DV.st);
     }
   });
+}
+
+// An empty [B, H, T, D] tensor (shape s) stored as [B, T, H, D]: the layout of the attention's
+// output and of its input gradients (Note [Attention output layout]).
+Tensor heads_layout(const Shape& s, DType dt, Device dev) {
+  return Tensor::empty({s[0], s[2], s[1], s[3]}, dt, dev).permute({0, 2, 1, 3});
 }
 
 Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
@@ -536,7 +539,7 @@ AttentionForward flash_attention_forward(const Tensor& q, const Tensor& k, const
   // buffer, the layout the attention's output projection reads as [B, Tq, H * Dv]: a model's
   // transpose(1, 2).reshape(...) after attention is then a view, not a copy (and not a second
   // saved activation).
-  r.out = Tensor::empty({d.B, d.Tq, d.H, d.Dv}, q.dtype(), q.device()).permute({0, 2, 1, 3});
+  r.out = heads_layout({d.B, d.H, d.Tq, d.Dv}, q.dtype(), q.device());
   r.lse = Tensor::empty({d.B, d.H, d.Tq}, DType::Float32, q.device());
   if (r.out.numel() == 0) return r;
   if (d.Tk == 0) {
@@ -573,14 +576,12 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
   }
 #endif
   for (const Tensor* t : {&q, &k, &v, &grad_out, &out, &lse}) ops::check_cpu(*t, op);
-  // The gradients are [B, H, T, D] views of [B, T, H, D] buffers, as the forward's output (Note
-  // [Attention output layout]): q, k and v are usually head views of one [B, T, 3 * H * D]
-  // projection, and the gradient copies back into it are then runs of whole rows.
-  auto heads_grad = [](const Tensor& t) {
-    return Tensor::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.dtype(), t.device())
-        .permute({0, 2, 1, 3});
-  };
-  Tensor dq = heads_grad(q), dk = heads_grad(k), dv = heads_grad(v);
+  // The gradients have the forward output's layout: q, k and v are usually head views of one
+  // [B, T, 3 * H * D] projection, and the gradient copies back into it are then runs of whole
+  // rows.
+  Tensor dq = heads_layout(q.sizes(), q.dtype(), q.device());
+  Tensor dk = heads_layout(k.sizes(), k.dtype(), k.device());
+  Tensor dv = heads_layout(v.sizes(), v.dtype(), v.device());
   if (d.Tq == 0 || d.Tk == 0 || d.B == 0 || d.H == 0) {
     dq.zero_();
     dk.zero_();
