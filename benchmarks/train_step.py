@@ -279,12 +279,19 @@ def torch_worker(a, mode):
 # Parent: launches the workers, prints the summary.
 
 
-def spawn(args_list, worker, env_extra, label):
+def worker_process(a, worker, env_extra):
+    """(command, environment) of a worker subprocess: this script with --_worker, the same
+    arguments, td on the path, a.threads OpenMP threads, and env_extra (e.g. torch's BLAS)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = str(args_list.threads)
+    env["OMP_NUM_THREADS"] = str(a.threads)
     env.update(env_extra)
     cmd = [sys.executable, os.path.abspath(__file__), "--_worker", worker] + sys.argv[1:]
+    return cmd, env
+
+
+def spawn(a, worker, env_extra, label):
+    cmd, env = worker_process(a, worker, env_extra)
     r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
     for ln in lines[:-1]:
@@ -297,11 +304,7 @@ def spawn(args_list, worker, env_extra, label):
 
 
 def start_server(a, worker, env_extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = str(a.threads)
-    env.update(env_extra)
-    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", worker] + sys.argv[1:]
+    cmd, env = worker_process(a, worker, env_extra)
     return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
