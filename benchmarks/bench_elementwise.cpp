@@ -115,6 +115,9 @@ void bench_dtype(const Config& c, td::DType dt) {
   report("gelu_tanh", name, {c.n}, 2 * n * isz,
          time_it(c.reps, [&] { (void)td::gelu(a, td::GeluApprox::Tanh); }),
          "tanh form, fresh output");
+  report("gelu_tanh_and_backward", name, {c.n}, 4 * n * isz,
+         time_it(c.reps, [&] { (void)td::gelu_and_backward(b, a, td::GeluApprox::Tanh); }),
+         "fused: reads x and grad, writes y and dx (the MLP's backward)");
 
   const int64_t cols = 1024, rows = c.n / cols;
   td::Tensor m = a.view({rows, cols});

@@ -69,8 +69,8 @@ void gelu_tanh_and_grad(const T* xp, const T* gp, T* yp, T* dp, int64_t n) {
       const float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
       const float s = sigmoid_f(2.0f * u);
       const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * v * v);
-      yp[i] = static_cast<T>(v * s);
-      dp[i] = static_cast<T>(static_cast<float>(gp[i]) * (s + 2.0f * v * s * (1.0f - s) * du));
+      cpu::store(yp, i, v * s);
+      cpu::store(dp, i, static_cast<float>(gp[i]) * (s + 2.0f * v * s * (1.0f - s) * du));
     }
   });
 }
