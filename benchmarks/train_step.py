@@ -13,8 +13,9 @@ same thread count (OMP_NUM_THREADS and torch.set_num_threads).
 
 Every measurement runs in its own fresh subprocess (Note [Fresh processes]), the parent only
 collects JSON. Output: JSON lines; the LAST line is the summary with tokens_per_s, step_ms, mfu,
-gemm_peak_gflops, peak_mem_bytes (and, with --compare-torch, the torch numbers and the ratios
-speedup_vs_torch and mem_ratio_vs_torch).
+gemm_peak_gflops, peak_mem_bytes, cpu_isa and matmul_kernel (td.backends.cpu: the instruction set
+and the kernel the step's dtype multiplies with, e.g. "brg:avx512_core_amx" for bf16 on AMX) and,
+with --compare-torch, the torch numbers and the ratios speedup_vs_torch and mem_ratio_vs_torch.
 
 Note [Model FLOPs] (computed by td.models.GPT.flops_per_step, which the train CLI uses too):
 flops_per_step = 6 * N_mm * B * T + 6 * L * B * T^2 * d, where N_mm (GPT.matmul_params) is the
@@ -187,6 +188,9 @@ def td_worker(a, mode):
         out["gemm_peak_gflops_fp32"] = gemm_peak_gflops(td, td.float32)
         if a.dtype == "bf16":
             out["gemm_peak_gflops_bf16"] = gemm_peak_gflops(td, td.bfloat16)
+        out["cpu_isa"] = td.backends.cpu.isa()
+        out["matmul_kernel"] = td.backends.cpu.matmul_kernel(
+            td.bfloat16 if a.dtype == "bf16" else td.float32)
     model = td.models.GPT(td.models.GPTConfig(**config_dict(a), dtype=a.dtype))
     model.train()
     opt = td.optim.AdamW(model.param_groups(weight_decay=0.1), lr=3e-4, betas=(0.9, 0.95))
@@ -431,6 +435,7 @@ def main():
         "rounds": len(rounds),
         "n_params": td_t["n_params"], "n_matmul_params": td_t["n_mm"],
         "flops_per_step": td_t["flops_per_step"],
+        "cpu_isa": td_t["cpu_isa"], "matmul_kernel": td_t["matmul_kernel"],
         "gemm_peak_gflops": round(peak, 1),
         "gemm_peak_gflops_fp32": round(td_t["gemm_peak_gflops_fp32"], 1),
         "step_ms": round(step_s * 1e3, 2), "tokens_per_s": round(tokens / step_s, 1),

@@ -19,6 +19,8 @@ void init_matmul(py::module_& m, TensorClass& cls) {
       "input"_a, "weight"_a, "bias"_a = py::none());
   m.def("set_matmul_allow_tf32", &set_matmul_allow_tf32, "allow"_a);
   m.def("matmul_allow_tf32", &matmul_allow_tf32);
+  m.def("cpu_matmul_kernel", &cpu_matmul_kernel, "dtype"_a);
+  m.def("cpu_isa", &cpu_isa);
   cls.def("matmul", &matmul, "other"_a, nogil());
   cls.def("mm", &mm, "mat2"_a, nogil());
   cls.def("bmm", &bmm, "mat2"_a, nogil());

@@ -190,6 +190,18 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
+std::string cpu_matmul_kernel(DType dtype) {
+  TD_CHECK(is_floating(dtype), "cpu_matmul_kernel: matrix products take floating dtypes, got ",
+           dtype_name(dtype));
+  if (cpu::onednn_has_matmul(dtype)) return cpu::onednn_matmul_impl(dtype);
+  const std::string impl = cpu::onednn_matmul_impl(dtype);
+  return "fp32 widening (oneDNN: " + (impl.empty() ? std::string("no kernel") : impl) + ")";
+}
+
+std::string cpu_isa() {
+  return cpu::onednn_cpu_isa();
+}
+
 void set_matmul_allow_tf32(bool allow) {
   g_allow_tf32.store(allow, std::memory_order_relaxed);
 }

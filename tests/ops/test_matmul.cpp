@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <string>
 
 #include "tardelli/tardelli.h"
 #include "test_util.h"
@@ -339,4 +341,41 @@ TEST(Matmul, PrimitivesAreCached) {
   int64_t before = cpu::onednn_primitives_created();
   for (int i = 0; i < 5; ++i) matmul(randn_seeded({17, 23}, 88 + i), b);
   EXPECT_EQ(cpu::onednn_primitives_created(), before);
+}
+
+// cpu_matmul_kernel names what each floating dtype runs: fp32 always has a native oneDNN kernel
+// (never its reference loop); bf16/f16 either have one or are reported as widened to fp32.
+TEST(Matmul, CpuKernelIsReported) {
+  const std::string f32 = cpu_matmul_kernel(DType::Float32);
+  EXPECT_FALSE(f32.empty());
+  EXPECT_NE(f32.rfind("ref", 0), 0u) << f32;
+  EXPECT_EQ(f32.find("widening"), std::string::npos) << f32;
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    const std::string k = cpu_matmul_kernel(dt);
+    EXPECT_TRUE(k.rfind("fp32 widening (oneDNN: ", 0) == 0 || k.rfind("ref", 0) != 0) << k;
+  }
+  EXPECT_FALSE(cpu_isa().empty());
+  EXPECT_THROW(cpu_matmul_kernel(DType::Int64), Error);
+}
+
+// Where the CPU has AMX, bf16 products must run on it (through oneDNN's AMX kernels), not on
+// AVX-512 or widened to fp32. Checked against the CPU's own flags, so an OS that withholds AMX
+// from the process (Linux < 5.16) or a wrongly capped ONEDNN_MAX_CPU_ISA fails here.
+TEST(Matmul, Bf16UsesAmxWhereTheCpuHasIt) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  bool amx = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      amx = line.find(" amx_bf16") != std::string::npos;
+      break;
+    }
+  }
+  const std::string kernel = cpu_matmul_kernel(DType::BFloat16);
+  if (!amx) {
+    GTEST_SKIP() << "this CPU has no AMX (oneDNN ISA " << cpu_isa() << "); bf16 products run as "
+                 << kernel;
+  }
+  EXPECT_EQ(cpu_isa(), "avx512_core_amx");
+  EXPECT_NE(kernel.find("amx"), std::string::npos) << kernel;
 }

@@ -32,5 +32,7 @@ def test_train_step_bench_tiny_with_torch_and_interleave():
                 "speedup_vs_torch_interleaved_medians", "tokens_per_s", "mfu"):
         assert summary[key] > 0, key
     assert 0 < summary["peak_mem_bytes"] and 0 < summary["torch_peak_mem_bytes"]
+    assert summary["cpu_isa"] and summary["matmul_kernel"]  # fp32 here: oneDNN's own kernel
+    assert "widening" not in summary["matmul_kernel"]
     # Same initial weights and tokens: the first losses agree to fp32 rounding of a ~5.5 loss.
     assert abs(summary["loss_step0_td"] - summary["loss_step0_torch"]) < 1e-5

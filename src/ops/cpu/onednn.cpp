@@ -350,19 +350,23 @@ dnnl::stream& onednn_stream() {
   return s;
 }
 
-bool onednn_has_matmul(DType t) {
-  auto probe = [](memory::data_type dt) {
+// Note [Matmul kernel probe]: which implementation oneDNN dispatches for a dtype is read from
+// the implementation string of a 256^3 primitive descriptor (a shape every kernel accepts; an
+// 8 x 8 probe can select a small-matrix path instead of the one real products run). "ref..." is
+// oneDNN's reference loop, far too slow to use: such dtypes are widened to fp32 instead.
+std::string onednn_matmul_impl(DType t) {
+  auto probe = [](memory::data_type dt) -> std::string {
     try {
-      memory::desc md({8, 8}, dt, memory::format_tag::ab);
+      memory::desc md({256, 256}, dt, memory::format_tag::ab);
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), onednn_engine());
-      return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+      return pd.impl_info_str();
     } catch (const dnnl::error&) {
-      return false;
+      return "";
     }
   };
-  static const bool f32 = probe(memory::data_type::f32);
-  static const bool bf16 = probe(memory::data_type::bf16);
-  static const bool f16 = probe(memory::data_type::f16);
+  static const std::string f32 = probe(memory::data_type::f32);
+  static const std::string bf16 = probe(memory::data_type::bf16);
+  static const std::string f16 = probe(memory::data_type::f16);
   switch (t) {
     case DType::Float32:
       return f32;
@@ -371,7 +375,39 @@ bool onednn_has_matmul(DType t) {
     case DType::Float16:
       return f16;
     default:
-      return false;
+      return "";
+  }
+}
+
+bool onednn_has_matmul(DType t) {
+  const std::string impl = onednn_matmul_impl(t);
+  return !impl.empty() && impl.rfind("ref", 0) != 0;
+}
+
+std::string onednn_cpu_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic:
+      return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "unknown";
   }
 }
 
