@@ -2,7 +2,8 @@
 every benchmark against its target (issue 3):
   * bf16 GEMM within 5% of raw cuBLASLt (td / cuBLASLt >= 0.95), next to the device peak;
   * memory-bound kernels at >= 80% of device-to-device copy bandwidth;
-  * attention forward+backward no slower than 1.2x torch's flash SDPA on the same shapes.
+  * attention forward+backward no slower than 1.2x torch's flash SDPA on the same shapes;
+and, where the host CPU has AMX, issue 4's CPU train-step targets (bf16 >= 2.5x torch fp32).
 Prints Markdown (pasted into docs/gpu-results.md). Standard library only.
 """
 import argparse
@@ -134,6 +135,17 @@ def main():
                  if "torch_tokens_per_s" in r else "- | - | - | -")
             out.append(f"| {shape} | {c['dtype']} | {r['td_tokens_per_s']:,.0f} | "
                        f"{r['td_mfu']:.1%} | {t} |")
+    cpu = [r for r in rows if r.get("bench") == "train_step"]
+    if cpu:  # issue 4's CPU targets, measured on this host's CPU where it has AMX
+        out += ["", "| CPU GPT-2 step (2 threads) | matmul kernel | td ms | torch fp32 ms | "
+                "td/torch | target |", "|---|---|---|---|---|---|"]
+        for r in cpu:
+            x = r.get("speedup_vs_torch")
+            need = 2.5 if r.get("dtype") == "bf16" else 1.5
+            tgt = f"{verdict(x >= need)} (>= {need}x)" if x else "-"
+            out.append(f"| {r.get('dtype')} ({r.get('cpu_isa')}) | {r.get('matmul_kernel')} | "
+                       f"{r.get('step_ms', 0):.0f} | {r.get('torch_step_ms', 0):.0f} | "
+                       f"{x or 0:.2f}x | {tgt} |")
     if a.failures and os.path.exists(a.failures):
         f = open(a.failures).read().strip()
         if f:
