@@ -198,3 +198,75 @@ TEST(Activation, GeluAndBackwardMatchesSeparateOps) {
   EXPECT_EQ(sum(ne(dx2, gelu_backward(gt, xt, GeluApprox::Tanh))).item<int64_t>(), 0);
   EXPECT_THROW(gelu_and_backward(randn({3}), randn({4}), GeluApprox::Tanh), Error);
 }
+
+namespace {
+
+// Negative tails, where the outputs are tiny but still normal floats: gelu (tanh) down to
+// x = -9.5 (~-7e-33), gelu (erf) to -12.5 (~-1e-34), silu to -80 (~-1e-33). Written so the
+// results keep full relative precision there (Note [Activation numerics]), which the
+// absolute floor of expect_close_to_ref hides; a cheaper exp that clamps or flushes early
+// fails this.
+Tensor tail_inputs(float lo, float hi) {
+  std::vector<float> v;
+  for (int i = 0; i <= 400; ++i) v.push_back(lo + (hi - lo) * static_cast<float>(i) / 400.0f);
+  return from_vector<float>(v, {static_cast<int64_t>(v.size())});
+}
+
+// Relative error against the double reference with no absolute floor. The bound: fp32 rounding
+// of the exponential's argument z (a few operations, ~2.4e-7 relative) becomes |z| times that
+// relative error in exp(z), plus a few ulp for the rest.
+template <typename Ref, typename Arg>
+void expect_tail_close(const Tensor& x, const Tensor& y, Ref ref, Arg z_of, const char* what) {
+  std::vector<float> xs = to_vector<float>(x), ys = to_vector<float>(y);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double r = ref(static_cast<double>(xs[i]));
+    ASSERT_GT(std::fabs(r), 1e-37) << what << ": the input range leaves the normal floats";
+    const double rtol = 2.4e-7 * std::fabs(z_of(static_cast<double>(xs[i]))) + 1e-6;
+    ASSERT_LE(std::fabs(ys[i] - r), rtol * std::fabs(r))
+        << what << " at x=" << xs[i] << ": got " << ys[i] << " want " << r;
+  }
+}
+
+}  // namespace
+
+TEST(Activation, NegativeTailsKeepRelativePrecision) {
+  auto z_tanh = [](double x) {  // the sigmoid's argument 2u
+    return 2.0 * std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  };
+  // gelu_tanh_ref's 1 + tanh(u) cancels to 0 in double out here: the sigmoid form instead.
+  auto gelu_tanh_tail = [&](double x) { return x / (1.0 + std::exp(-z_tanh(x))); };
+  auto gelu_tanh_grad_tail = [&](double x) {
+    const double s = 1.0 / (1.0 + std::exp(-z_tanh(x)));
+    const double du = std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
+    return s + 2.0 * x * s * (1.0 - s) * du;
+  };
+  auto z_erf = [](double x) { return 0.5 * x * x; };
+  auto z_silu = [](double x) { return x; };
+  Tensor xt = tail_inputs(-9.5f, -3.0f);
+  expect_tail_close(xt, gelu(xt, GeluApprox::Tanh), gelu_tanh_tail, z_tanh, "gelu_tanh");
+  // The fused backward's gradient is ~1e-30 at -9.5: covered from the same inputs.
+  Tensor ones_g = ones(xt.sizes());
+  auto [y, dx] = gelu_and_backward(ones_g, xt, GeluApprox::Tanh);
+  expect_tail_close(xt, y, gelu_tanh_tail, z_tanh, "gelu_and_backward y");
+  expect_tail_close(xt, dx, gelu_tanh_grad_tail, z_tanh, "gelu_and_backward dx");
+  expect_tail_close(xt, gelu_backward(ones_g, xt, GeluApprox::Tanh), gelu_tanh_grad_tail, z_tanh,
+                    "gelu_tanh_grad");
+  Tensor xe = tail_inputs(-12.5f, -3.0f);
+  expect_tail_close(xe, gelu(xe, GeluApprox::None), gelu_erf_ref, z_erf, "gelu_erf");
+  expect_tail_close(xe, gelu_backward(ones(xe.sizes()), xe, GeluApprox::None), gelu_erf_grad_ref,
+                    z_erf, "gelu_erf_grad");
+  // Further out the exact results are below the smallest subnormal (gelu_tanh from x = -11,
+  // gelu_erf from -15, silu from -120): each must give (-)0 or a subnormal there, not the ~1e-37
+  // that an exponential clamped at exp(-87.3) would leave.
+  auto far = [](float from) {
+    return from_vector<float>({from, 2 * from, 100 * from, -1e30f}, {4});
+  };
+  const Tensor ft = far(-11.0f), fe = far(-15.0f), fs = far(-120.0f);
+  for (const Tensor& y : {gelu(ft, GeluApprox::Tanh), gelu(fe, GeluApprox::None), silu(fs),
+                          gelu_and_backward(ones(ft.sizes()), ft, GeluApprox::Tanh).first}) {
+    for (float v : to_vector<float>(y)) EXPECT_LE(std::fabs(v), 1e-40f) << v;
+  }
+  Tensor xs = tail_inputs(-80.0f, -3.0f);
+  expect_tail_close(xs, silu(xs), silu_ref, z_silu, "silu");
+  expect_tail_close(xs, silu_backward(ones(xs.sizes()), xs), silu_grad_ref, z_silu, "silu_grad");
+}
