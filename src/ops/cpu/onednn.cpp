@@ -1,5 +1,6 @@
 #include "ops/cpu/onednn.h"
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <list>
@@ -364,19 +365,14 @@ std::string onednn_matmul_impl(DType t) {
       return "";
     }
   };
-  static const std::string f32 = probe(memory::data_type::f32);
-  static const std::string bf16 = probe(memory::data_type::bf16);
-  static const std::string f16 = probe(memory::data_type::f16);
-  switch (t) {
-    case DType::Float32:
-      return f32;
-    case DType::BFloat16:
-      return bf16;
-    case DType::Float16:
-      return f16;
-    default:
-      return "";
-  }
+  static const std::array<std::string, kNumDTypes> impls = [&] {  // by DType, once each
+    std::array<std::string, kNumDTypes> r;
+    for (DType f : {DType::Float32, DType::BFloat16, DType::Float16}) {
+      r[static_cast<size_t>(f)] = probe(to_dnnl(f));
+    }
+    return r;
+  }();
+  return impls[static_cast<size_t>(t)];
 }
 
 bool onednn_has_matmul(DType t) {
