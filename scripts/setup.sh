@@ -18,7 +18,7 @@ fi
 
 packages=(
   cmake ninja-build g++ ccache
-  libdnnl-dev libomp-dev libgtest-dev
+  libdnnl-dev ocl-icd-opencl-dev libomp-dev libgtest-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch python3-venv
   openmpi-bin libopenmpi-dev
   python3-matplotlib fortunes
