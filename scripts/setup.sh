@@ -4,6 +4,7 @@
 #   CI=true bash scripts/setup.sh    # the `ci` preset: warnings are errors (build/ci)
 #   TD_PRESET=cuda bash scripts/setup.sh   # any preset from CMakePresets.json
 #   TD_BUILD_DIR=build/mine bash scripts/setup.sh  # same preset, another build folder
+#   TD_SETUP_UNTIL=configure bash scripts/setup.sh # stop after packages / configure / build
 # Idempotent: a second run installs nothing and rebuilds only what changed. Python: Debian's
 # /usr/bin/python3 with apt packages (numpy, pytest, torch as a test oracle), plus a virtual
 # environment .venv over it (--system-site-packages) for the few PyPI-only packages
@@ -15,9 +16,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -z "${TD_PRESET:-}" ]]; then
   if [[ "${CI:-}" == "true" ]]; then TD_PRESET=ci; else TD_PRESET=cpu; fi
 fi
+until_step="${TD_SETUP_UNTIL:-build}"
+case "${until_step}" in
+  packages | configure | build) ;;
+  *)
+    echo "setup: TD_SETUP_UNTIL must be packages, configure or build, got '${until_step}'" >&2
+    exit 2
+    ;;
+esac
 
+# Everything the build, the tests and the demo use, named explicitly: installs skip Recommends
+# (below), so a package that another one only recommends must be listed here. libdnnl-dev's CMake
+# config looks for OpenCL, which it reaches only through a Recommends (ocl-icd-opencl-dev);
+# .ci/run checks this list in a minimal Debian root (scripts/check_clean_setup.sh).
 packages=(
-  cmake ninja-build g++ ccache
+  ca-certificates cmake ninja-build g++ ccache
   libdnnl-dev ocl-icd-opencl-dev libomp-dev libgtest-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch python3-venv
   openmpi-bin libopenmpi-dev
@@ -54,6 +67,7 @@ if ! .venv/bin/python -c "import transformers, tokenizers, safetensors" >/dev/nu
   /usr/bin/python3 -m venv --system-site-packages .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check "${pip_packages[@]}"
 fi
+[[ "${until_step}" == packages ]] && exit 0
 
 # ccache needs a writable cache folder even where HOME is unset (some CI environments).
 export CCACHE_DIR="${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}"
@@ -63,5 +77,6 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 build_dir="${TD_BUILD_DIR:-build/${TD_PRESET}}"
 echo "setup: configuring preset '${TD_PRESET}' in ${build_dir}"
 cmake --preset "${TD_PRESET}" -B "${build_dir}"
+[[ "${until_step}" == configure ]] && exit 0
 echo "setup: building ${build_dir}"
 cmake --build "${build_dir}"
