@@ -1,8 +1,11 @@
 #pragma once
 // The parallelize step: lays a GPT written without parallelism out over a process grid
-// (torchtitan's parallelize(), Megatron-LM's tensor/sequence parallel GPT). Today it applies
-// tensor and sequence parallelism over grid.tp(); pipeline stages are the next layout to slot in
-// here. Data parallelism wraps the result afterwards (DistributedDataParallel over grid.dp()).
+// (torchtitan's parallelize(), Megatron-LM's tensor/sequence parallel GPT). It applies tensor
+// and sequence parallelism over grid.tp(). Pipeline stages are not made here: each stage is a
+// GPT(config, GPTStage) built by the pipeline runtime (python/tardelli/distributed/
+// pipeline_parallel.py), which lays each one out over tp with apply_tensor_parallel; so
+// parallelize() refuses a grid with pp > 1 (or cp > 1). Data parallelism wraps the result
+// afterwards (DistributedDataParallel over grid.dp()).
 //
 //   auto model = std::make_shared<td::models::GPT>(config);     // full weights from the seed
 //   td::parallel::parallelize(*model, grid, {.sequence_parallel = true});
@@ -68,8 +71,9 @@ class GPTTensorParallel : public models::GPTParallelism {
 void apply_tensor_parallel(models::GPT& model, const distributed::CommPtr& tp,
                            const ParallelOptions& options);
 
-// Applies every model-parallel layout the grid asks for: tensor parallelism over grid.tp().
-// td::Error naming the degree when the grid asks for a layout not built yet (pp, cp, ep > 1).
+// Applies the model-parallel layout of a one-stage grid: tensor parallelism over grid.tp().
+// td::Error naming the degree for pp > 1 (stages are built by the pipeline runtime, above) and
+// cp > 1 (context parallelism is not built).
 void parallelize(models::GPT& model, const distributed::ProcessGrid& grid,
                  const ParallelOptions& options);
 
