@@ -68,6 +68,7 @@ void init_loss(py::module_& m, TensorClass& cls);
 void init_embedding(py::module_& m, TensorClass& cls);
 void init_rotary(py::module_& m, TensorClass& cls);
 void init_adamw(py::module_& m, TensorClass& cls);
+void init_loss_scaler(py::module_& m, TensorClass& cls);
 void init_matmul(py::module_& m, TensorClass& cls);
 void init_attention(py::module_& m, TensorClass& cls);
 void init_indexing(py::module_& m, TensorClass& cls);

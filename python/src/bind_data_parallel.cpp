@@ -93,6 +93,7 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       .def("zero_grad", &DistributedOptimizer::zero_grad, nogil())
       .def("clip_grad_norm", &DistributedOptimizer::clip_grad_norm, "max_norm"_a, nogil())
       .def("grad_norm", &DistributedOptimizer::grad_norm, nogil())
+      .def("scale_grads", &DistributedOptimizer::scale_grads, "factor"_a, nogil())
       .def("set_model_parallel", &DistributedOptimizer::set_model_parallel, "model_parallel"_a,
            "counted"_a)
       .def("set_lr", &DistributedOptimizer::set_lr, "lr"_a)

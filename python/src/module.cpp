@@ -17,6 +17,7 @@ PYBIND11_MODULE(_C, m) {
   tp::init_embedding(m, cls);
   tp::init_rotary(m, cls);
   tp::init_adamw(m, cls);
+  tp::init_loss_scaler(m, cls);
   tp::init_matmul(m, cls);
   tp::init_attention(m, cls);
   tp::init_indexing(m, cls);

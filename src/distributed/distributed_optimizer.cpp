@@ -217,6 +217,11 @@ double DistributedOptimizer::clip_grad_norm(double max_norm) {
   return total;
 }
 
+void DistributedOptimizer::scale_grads(double factor) {
+  autograd::NoGradGuard no_grad;
+  for (auto& pc : pieces_) mul_(pc.grad, factor);
+}
+
 void DistributedOptimizer::set_lr(double lr) {
   TD_CHECK(lr >= 0, "DistributedOptimizer.set_lr: invalid learning rate ", lr);
   for (auto& g : groups_) g.lr = lr;

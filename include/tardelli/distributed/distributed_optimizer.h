@@ -66,6 +66,9 @@ class DistributedOptimizer {
   // gradients are scaled by it. Returns the norm before clipping (non-finite: no clipping).
   double clip_grad_norm(double max_norm);
   double grad_norm();  // the same norm, no clipping
+  // Multiplies this rank's shard of the averaged gradient by `factor` in place (fp16 loss
+  // scaling: unscaling and clipping in one pass, optim::unscale_clip_factor).
+  void scale_grads(double factor);
 
   // Note [Model-parallel grad norm] (Megatron's param_is_not_tensor_parallel_duplicate): under
   // tensor parallelism each tp rank's optimizer sees its own shards, so the norm of the full

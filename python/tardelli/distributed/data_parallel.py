@@ -183,6 +183,10 @@ class DistributedOptimizer:
     def grad_norm(self):
         return self._cpp.grad_norm()
 
+    def scale_grads_(self, factor):
+        """Multiplies this rank's shard of the averaged gradient by `factor` in place."""
+        self._cpp.scale_grads(float(factor))
+
     def set_model_parallel(self, model, group):
         """Makes the norm that of the full model-parallel model (Note [Model-parallel grad
         norm] in distributed_optimizer.h): `model` is a GPT or this rank's pipeline chunks,
