@@ -79,6 +79,19 @@ def test_bad_config_values_are_rejected_with_the_key(args, message):
         parse_config(args)
 
 
+def test_default_warmup_accepts_a_short_run_and_an_explicit_bad_one_is_refused():
+    # Property: a newcomer's short run with default flags is never refused (the default warmup is
+    # Megatron's 0, so the schedule starts at --lr), while an explicit warmup longer than the run
+    # is still a configuration error naming both flags.
+    base = ["--synthetic-data", "--vocab-size", "64", "--steps", "8"]
+    cfg, _ = parse_config(base)
+    assert cfg.warmup_steps == 0
+    assert td.optim.lr_scheduler.warmup_cosine_lr(0, cfg.warmup_steps, cfg.steps, cfg.lr,
+                                                  cfg.lr / 10) == pytest.approx(cfg.lr, 1e-12)
+    with pytest.raises(ConfigError, match="--warmup-steps 100 exceeds --steps 8"):
+        parse_config(base + ["--warmup-steps", "100"])
+
+
 def test_unknown_arch_is_an_argparse_error_and_cli_exit_status_is_2(tmp_path):
     # Property: an unknown choice is rejected by the parser (status 2, the valid choices named);
     # a ConfigError from the CLI also ends with status 2 and one line, no traceback.
@@ -176,6 +189,51 @@ def test_resume_is_bitwise_exact_with_dropout(corpus, tmp_path):
     assert [r["step"] for r in read_metrics(part)] == list(range(1, 9))
     assert a == b  # exact float equality, not approx
     assert td.checkpoint.find_latest(str(save)).endswith("step_00000008")
+
+
+def _checkpoint_tensors(save, step):
+    r = td.checkpoint.CheckpointReader(os.path.join(save, td.checkpoint.step_dir_name(step)))
+    out = {}
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        out.update({f"{f}:{k}": v.numpy() for k, v in r.read_tensors(f).items()})
+    return out
+
+
+def test_fp16_overflow_skips_the_step_and_resume_keeps_the_scaler(tmp_path):
+    # Property (Note [fp16 loss scaling]): under --dtype fp16 a step whose gradients hold inf
+    # (injected at step 3) is skipped, not applied: the parameters and AdamW moments after it are
+    # bitwise those after step 2, its metrics row says skipped, and the scale backs off 2048 ->
+    # 1024 for step 4; clean steps are applied and grow the scale after --loss-scale-window (2)
+    # of them. A run stopped after step 2 and resumed repeats the uninterrupted run's losses,
+    # scales and final tensors bitwise: the scaler's state is in the checkpoint.
+    args = TINY + ["--synthetic-data", "--vocab-size", "64", "--dtype", "fp16", "--steps", "5",
+                   "--lr", "2e-3", "--inject-nonfinite-grad", "3", "--initial-loss-scale",
+                   "1024", "--loss-scale-window", "2"]
+    full, save = tmp_path / "full.jsonl", str(tmp_path / "full")
+    s = train(parse_config(args + ["--metrics-file", str(full), "--save", save,
+                                   "--save-interval", "1"])[0], out=lambda *_: None)
+    rows = read_metrics(full)
+    assert [r["skipped"] for r in rows] == [False, False, True, False, False]
+    assert [r["loss_scale"] for r in rows] == [1024, 1024, 2048, 1024, 1024]
+    assert s["skipped_steps"] == 1 and s["loss_scale"] == 2048
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert not math.isfinite(rows[2]["grad_norm"]) and math.isfinite(rows[3]["grad_norm"])
+    after = {k: _checkpoint_tensors(save, k) for k in (2, 3, 4)}
+    assert after[2].keys() == after[3].keys()
+    for k in after[2]:
+        np.testing.assert_array_equal(after[3][k], after[2][k], err_msg=k)  # not applied
+    assert any(not np.array_equal(after[4][k], after[3][k]) for k in after[3])  # applied
+    part, psave = tmp_path / "part.jsonl", str(tmp_path / "part")
+    train(parse_config(args + ["--metrics-file", str(part), "--save", psave,
+                               "--exit-interval", "2"])[0], out=lambda *_: None)
+    train(parse_config(args + ["--metrics-file", str(part), "--save", psave, "--resume"])[0],
+          out=lambda *_: None)
+    key = [(r["step"], r["loss"], r["loss_scale"], r["skipped"]) for r in read_metrics(full)]
+    assert [(r["step"], r["loss"], r["loss_scale"], r["skipped"])
+            for r in read_metrics(part)] == key
+    final, resumed = _checkpoint_tensors(save, 5), _checkpoint_tensors(psave, 5)
+    for k in final:
+        np.testing.assert_array_equal(resumed[k], final[k], err_msg=k)
 
 
 def test_resume_refuses_a_different_model(corpus, tmp_path):

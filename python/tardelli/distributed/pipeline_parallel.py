@@ -125,10 +125,11 @@ class PipelineRuntime:
         self._pending.append((t, self.pp_group.send(t, dst, _tag(direction, mb, stage,
                                                                   self.stages), True)))
 
-    def step(self, batches):
+    def step(self, batches, loss_scale=1.0):
         """Forward and backward of the step's m micro-batches (batches: a list of m (x, y)
         pairs; only the first stage reads x and the last reads y). Gradients accumulate into the
-        chunks' .grad. Returns the mean loss over the micro-batches on every pp rank."""
+        chunks' .grad: those of the mean loss times `loss_scale` (fp16 loss scaling). Returns
+        the mean (unscaled) loss over the micro-batches on every pp rank."""
         td = self.td
         if len(batches) != self.m:
             raise ValueError(f"pipeline: {len(batches)} micro-batches given, the schedule has "
@@ -139,7 +140,7 @@ class PipelineRuntime:
         t0 = time.time()
         self.timeline = []
         busy = 0.0
-        scale = td.tensor(1.0 / self.m)
+        scale = td.tensor(1.0 / self.m if loss_scale == 1.0 else loss_scale / self.m)
         for kind, mb, c in self.schedule.actions[self.rank]:
             s = c * self.pp + self.rank
             chunk = self.chunks[c]

@@ -9,6 +9,7 @@ data source) are rejected with a message naming the key and the value.
 """
 import argparse
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -39,7 +40,8 @@ class TrainConfig:
     steps: int = field(default=1000, metadata=dict(help="optimizer steps to train in total"))
     lr: float = field(default=6e-4, metadata=dict(help="peak learning rate"))
     min_lr: float = field(default=-1.0, metadata=dict(help="final learning rate (-1: lr / 10)"))
-    warmup_steps: int = field(default=100, metadata=dict(help="linear warmup steps"))
+    warmup_steps: int = field(default=0, metadata=dict(
+        help="linear warmup steps (Megatron's default 0: the schedule starts at --lr)"))
     lr_decay_style: str = field(default="cosine", metadata=dict(
         help="cosine | linear | constant"))
     weight_decay: float = field(default=0.1, metadata=dict(help="AdamW decoupled weight decay"))
@@ -47,6 +49,11 @@ class TrainConfig:
     beta2: float = field(default=0.95, metadata=dict(help="AdamW beta2"))
     eps: float = field(default=1e-8, metadata=dict(help="AdamW epsilon"))
     clip_grad: float = field(default=1.0, metadata=dict(help="gradient norm clip (0: off)"))
+    initial_loss_scale: float = field(default=65536.0, metadata=dict(
+        help="--dtype fp16: the dynamic loss scale to start from (x0.5 on inf/nan gradients, "
+             "which skip the step)"))
+    loss_scale_window: int = field(default=2000, metadata=dict(
+        help="--dtype fp16: clean steps in a row before the loss scale doubles"))
     seed: int = field(default=1337, metadata=dict(help="initialization, data order, dropout"))
     device: str = field(default="cpu", metadata=dict(
         help="cpu | cuda | cuda:N: where the model trains (a GPU: one process; batches are "
@@ -56,7 +63,8 @@ class TrainConfig:
     split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
     synthetic_data: bool = field(default=False, metadata=dict(
         help="random tokens drawn from the seed instead of a dataset"))
-    # ---- parallelism (data parallel size = world size / (tp x pp x cp); pp = cp = 1 today)
+    # ---- parallelism (data parallel size = world size / (tp x pp); the process grid has cp and
+    # ep axes, which the trainer does not use yet)
     tp: int = field(default=1, metadata=dict(
         help="tensor-parallel size: each layer's matrices split over this many ranks"))
     sequence_parallel: bool = field(default=False, metadata=dict(
@@ -90,6 +98,9 @@ class TrainConfig:
     exit_interval: int = field(default=0, metadata=dict(
         help="stop (after saving) once the step count is a multiple of this (0: off)"))
     progress: bool = field(default=True, metadata=dict(help="show a progress bar"))
+    inject_nonfinite_grad: str = field(default="", metadata=dict(
+        help="testing aid: comma-separated steps (1-based) whose backward is seeded with inf "
+             "on every rank, so their gradients are non-finite (exercises fp16 step skipping)"))
 
     @property
     def min_lr_value(self):
@@ -260,6 +271,17 @@ def validate(cfg, dp_size=1):
     need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1,
          f"--beta1/--beta2 must be in [0, 1), got {cfg.beta1}, {cfg.beta2}")
     need(cfg.clip_grad >= 0, f"--clip-grad must be >= 0, got {cfg.clip_grad}")
+    need(math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0,
+         f"--initial-loss-scale must be a positive number, got {cfg.initial_loss_scale}")
+    need(cfg.loss_scale_window >= 1,
+         f"--loss-scale-window must be >= 1, got {cfg.loss_scale_window}")
+    try:
+        injected = inject_steps(cfg)
+    except ValueError:
+        injected = None
+    need(injected is not None and all(s >= 1 for s in injected),
+         f"--inject-nonfinite-grad must list step numbers >= 1 separated by commas, got "
+         f"{cfg.inject_nonfinite_grad!r}")
     gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
     need(gbs % (cfg.micro_batch_size * dp_size) == 0,
          f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
@@ -292,6 +314,11 @@ def validate(cfg, dp_size=1):
 def accumulation_steps(cfg, dp_size=1):
     gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
     return gbs // (cfg.micro_batch_size * dp_size)
+
+
+def inject_steps(cfg):
+    """The steps of --inject-nonfinite-grad as a set of ints (ValueError when malformed)."""
+    return {int(x) for x in cfg.inject_nonfinite_grad.split(",") if x.strip()}
 
 
 def split_ratios(cfg):

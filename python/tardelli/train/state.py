@@ -143,11 +143,12 @@ def _zero_tensors(opt, rank, size):
 
 
 def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
-         world=None):
+         world=None, loss_scaler=None):
     """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
     Data parallel: rank 0 writes the model (replicated) and the metadata; with ZeRO-1 every
     rank also writes its optimizer shard (Note [Sharded saving] in checkpoint.h: rank 0
-    prepares the directory, then the others join, then rank 0 commits)."""
+    prepares the directory, then the others join, then rank 0 commits). `loss_scaler`: the fp16
+    run's td._C.DynamicLossScaler, whose state goes into meta.json ("loss_scaler")."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     sharded = bool(cfg.zero)
     first = _chunks(model)[0]
@@ -208,6 +209,8 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
                          "zero": int(cfg.zero), "sequence_parallel": first.sequence_parallel},
             "train": cfg.to_dict(),
         }
+        if loss_scaler is not None:
+            meta["loss_scaler"] = loss_scaler.state_dict()
         writer.commit(meta, num_writers)
         td.checkpoint.update_latest(root, name)
     if world is not None:
@@ -230,7 +233,8 @@ def load_model(path):
 def load(path, model, opt, cfg, world=None):
     """Restores model, optimizer and RNG state from the step directory `path` into freshly
     built objects; refuses a checkpoint of another model (naming every differing field).
-    Returns {"step", "consumed_samples"}."""
+    Returns {"step", "consumed_samples", "loss_scaler"} (the last None when the checkpoint
+    holds no fp16 loss-scaler state)."""
     reader = td.checkpoint.CheckpointReader(path)
     reader.verify()
     meta = reader.meta()
@@ -285,7 +289,8 @@ def load(path, model, opt, cfg, world=None):
     if cfg.pp == 1:
         r = meta["rng"]["dropout"]
         first.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
-    return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"]}
+    return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"],
+            "loss_scaler": meta.get("loss_scaler")}
 
 
 def _load_tp_model(reader, path, model, f):

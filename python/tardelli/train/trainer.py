@@ -19,6 +19,7 @@ import time
 
 import tardelli as td
 
+from .. import _C
 from . import config as C
 from . import report
 from . import state as ckpt
@@ -201,6 +202,14 @@ def _mean_over_ranks(value, world):
     return t.item()
 
 
+def _max_over_ranks(value, world):
+    if world is None or world.size == 1:
+        return int(value)
+    t = td.tensor([int(value)], dtype=td.int64)
+    world.all_reduce(t, "max")
+    return int(t.item())
+
+
 def train(cfg, world=None, out=print):
     """Runs one training job; returns the summary dict (also printed as the last line on rank
     0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
@@ -266,6 +275,15 @@ def train(cfg, world=None, out=print):
     else:
         opt = td.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     lr_at = schedule(cfg)
+    # Note [fp16 loss scaling]: fp16 activations need the loss scaled up before backward; the
+    # scaler (C++ optim/loss_scaler.h, torch's GradScaler rules) skips a step whose gradients
+    # hold inf/nan on any rank: found from the total gradient norm, which every rank already
+    # agrees on (Note [Overflow from the norm]).
+    scaler = None
+    if cfg.dtype == "fp16":
+        scaler = _C.DynamicLossScaler(init_scale=cfg.initial_loss_scale,
+                                      growth_interval=cfg.loss_scale_window)
+    injected = C.inject_steps(cfg)
     accum = C.accumulation_steps(cfg, dp_size)
     global_batch = cfg.micro_batch_size * dp_size * accum
     pipe = None
@@ -284,6 +302,8 @@ def train(cfg, world=None, out=print):
             info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world)
             start_step, consumed = info["step"], info["consumed_samples"]
             resumed_from = latest
+            if scaler is not None and info["loss_scaler"] is not None:
+                scaler.load_state_dict(info["loss_scaler"])
     loader = data.train_loader(consumed)
 
     n_params = sum(ch.num_parameters() for ch in chunks)
@@ -314,6 +334,7 @@ def train(cfg, world=None, out=print):
     progress = report.Progress(cfg.steps, start_step, cfg.progress and is_main)
     params = [p for _, p in named]
     last, val_loss, t_train = None, None, 0.0
+    peak_rank = peak_max_rank = 0  # allocator peaks over the steps: rank 0's, every rank's
     step = start_step
     try:
         while step < cfg.steps:
@@ -325,17 +346,22 @@ def train(cfg, world=None, out=print):
             if ddp is not None:
                 ddp.zero_grad()
             loss_sum = 0.0
+            loss_scale = scaler.scale if scaler is not None else 1.0
+            # The factor backward is seeded with (x 1/accum below): the loss scale, or inf on
+            # a step of --inject-nonfinite-grad.
+            backward_seed = loss_scale * (math.inf if step + 1 in injected else 1.0)
             if pipe is not None:
                 # The schedule interleaves the micro-batches' forwards and backwards; the DDP
                 # reduction runs once after it (finish_grad_sync).
                 batches = [loader.next() for _ in range(accum)]
                 with ddp.no_sync(True):
-                    loss_sum = pipe.step(batches) * accum
+                    loss_sum = pipe.step(batches, loss_scale=backward_seed) * accum
             else:
                 for m in range(accum):
                     x, y = loader.next()
                     loss = model(x, y)
-                    scaled = loss if accum == 1 else loss * (1.0 / accum)
+                    scaled = loss if accum == 1 and backward_seed == 1.0 else \
+                        loss * (backward_seed / accum)
                     if ddp is not None:
                         with ddp.no_sync(m < accum - 1):
                             scaled.backward()
@@ -345,14 +371,37 @@ def train(cfg, world=None, out=print):
             if ddp is not None:
                 ddp.finish_grad_sync()
             max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
-            if cfg.zero:
+            applied = True
+            if scaler is not None:
+                # The norm of the scaled gradients decides the overflow on every rank alike;
+                # then one multiply unscales and clips (optim::unscale_clip_factor).
+                if cfg.zero:
+                    scaled_norm = opt.grad_norm()
+                elif mp_group is not None:
+                    scaled_norm = tp_clip_grad_norm_(chunks, math.inf, mp_group)
+                else:
+                    scaled_norm = td.nn.utils.clip_grad_norm_(params, math.inf).item()
+                applied = scaler.update(not math.isfinite(scaled_norm))
+                grad_norm = scaled_norm
+                if applied:
+                    factor = _C.unscale_clip_factor(scaled_norm, loss_scale, max_norm)
+                    grad_norm = scaled_norm / loss_scale
+                    if cfg.zero:
+                        opt.scale_grads_(factor)
+                    else:
+                        with td.no_grad():
+                            for p in params:
+                                if p.grad is not None:
+                                    p.grad.mul_(factor)
+            elif cfg.zero:
                 grad_norm = opt.clip_grad_norm(max_norm) if cfg.clip_grad > 0 else \
                     opt.grad_norm()
             elif mp_group is not None:
                 grad_norm = tp_clip_grad_norm_(chunks, max_norm, mp_group)
             else:
                 grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
-            opt.step()
+            if applied:
+                opt.step()
             if ddp is None:
                 opt.zero_grad(set_to_none=True)
             if mem_device.type == "cuda":
@@ -364,6 +413,13 @@ def train(cfg, world=None, out=print):
                    "grad_norm": grad_norm, "tokens_per_s": global_batch * cfg.seq_len / dt,
                    "mfu": flops_per_step / dt / peak,
                    "mem_bytes": td.memory_stats(mem_device)["peak_bytes"]}
+            # Memory across layouts: this rank's peak in the step, and the largest over ranks.
+            peak_rank = max(peak_rank, rec["mem_bytes"])
+            rec["peak_mem_bytes_max_rank"] = _max_over_ranks(rec["mem_bytes"], world)
+            peak_max_rank = max(peak_max_rank, rec["peak_mem_bytes_max_rank"])
+            if scaler is not None:
+                rec["loss_scale"] = loss_scale
+                rec["skipped"] = not applied
             if not math.isfinite(rec["loss"]):
                 raise RuntimeError(f"train: the loss is {rec['loss']} at step {step} "
                                    "(diverged; lower --lr or use --clip-grad)")
@@ -385,7 +441,7 @@ def train(cfg, world=None, out=print):
                              (cfg.save_interval and step % cfg.save_interval == 0)):
                 parts = chunks if cfg.pp > 1 else model
                 path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
-                                 loader.consumed_samples, data.tokenizer_dir, world)
+                                 loader.consumed_samples, data.tokenizer_dir, world, scaler)
                 if is_main:
                     progress.write(f"train: saved {path}")
             if exiting:
@@ -401,9 +457,13 @@ def train(cfg, world=None, out=print):
                max(t_train, 1e-9)}
     if last is not None:
         summary.update(loss=last["loss"], mfu=flops_per_step * (step - start_step) /
-                       max(t_train, 1e-9) / peak, peak_mem_bytes=last["mem_bytes"])
+                       max(t_train, 1e-9) / peak, peak_mem_bytes=peak_rank,
+                       peak_mem_bytes_max_rank=peak_max_rank)
         if cfg.zero:
             summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
+    if scaler is not None:
+        summary["loss_scale"] = scaler.scale
+        summary["skipped_steps"] = scaler.skipped_steps
     if val_loss is not None:
         summary["val_loss"] = val_loss
     if pipe is not None and last is not None:
