@@ -1,12 +1,13 @@
 // train_gpt: pretrain a small GPT on a Megatron-format dataset with the installed library's
 // public C++ API only (data loading, the fused GPT, AdamW, a warmup-cosine schedule, gradient
-// clipping, evaluation and a crash-safe checkpoint). It reads top to bottom:
+// clipping, fp16 loss scaling, evaluation and a crash-safe checkpoint). It reads top to bottom:
 //
 //   train_gpt --data PREFIX [--vocab-size V] [--layers 2] [--d-model 128] [--heads 4]
 //             [--seq-len 64] [--micro-batch-size 8] [--steps 100] [--lr 1e-3] [--min-lr 1e-4]
 //             [--warmup-steps 10] [--weight-decay 0.1] [--clip-grad 1.0] [--split 90,10,0]
 //             [--eval-iters 10] [--log-interval 10] [--seed 1234] [--save DIR [--resume]]
-//             [--exit-at STEP]
+//             [--exit-at STEP] [--dtype fp32|bf16|fp16] [--initial-loss-scale S]
+//             [--loss-scale-window N] [--inject-nonfinite-grad STEP]
 //
 // PREFIX.bin/.idx come from `python -m tardelli.data.preprocess`. Without --vocab-size the
 // vocabulary is the largest token id + 1. --save DIR writes DIR/step_XXXXXXXX (the layout of
@@ -14,6 +15,10 @@
 // from find_latest(DIR): same model, optimizer state, schedule position and data position, so
 // the resumed run takes the same steps as an uninterrupted one. --exit-at STEP stops (evaluates
 // and saves) after STEP steps while the schedule still runs to --steps: an interrupted run.
+// --dtype bf16/fp16 runs the activations in that dtype over fp32 master weights; fp16 scales the
+// loss dynamically (td::optim::DynamicLossScaler: a step with inf/nan gradients is skipped and
+// the scale halves), and the scaler's state is part of the checkpoint. --inject-nonfinite-grad
+// STEP seeds that step's backward with inf (a test of the skipping).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,10 +40,12 @@
 namespace {
 
 struct Args {
-  std::string data, save, split = "90,10,0";
+  std::string data, save, split = "90,10,0", dtype = "fp32";
   int64_t vocab_size = 0, layers = 2, d_model = 128, heads = 4, seq_len = 64, micro_batch = 8;
   int64_t steps = 100, warmup_steps = 10, eval_iters = 10, log_interval = 10, exit_at = -1;
+  int64_t loss_scale_window = 2000, inject_nonfinite_grad = -1;
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, clip_grad = 1.0;
+  double initial_loss_scale = 65536.0;
   uint64_t seed = 1234;
   bool resume = false;
 };
@@ -49,7 +56,8 @@ struct Args {
                "[--d-model D] [--heads H] [--seq-len T] [--micro-batch-size B] [--steps S] "
                "[--lr LR] [--min-lr LR] [--warmup-steps W] [--weight-decay WD] [--clip-grad C] "
                "[--split A,B,C] [--eval-iters N] [--log-interval N] [--seed S] "
-               "[--save DIR [--resume]] [--exit-at STEP]\n",
+               "[--save DIR [--resume]] [--exit-at STEP] [--dtype fp32|bf16|fp16] "
+               "[--initial-loss-scale S] [--loss-scale-window N] [--inject-nonfinite-grad STEP]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -94,6 +102,10 @@ Args parse_args(int argc, char** argv, td::json::Value& flags) {
   str("data", a.data);
   str("save", a.save);
   str("split", a.split);
+  str("dtype", a.dtype);
+  num("initial-loss-scale", a.initial_loss_scale);
+  num("loss-scale-window", a.loss_scale_window);
+  num("inject-nonfinite-grad", a.inject_nonfinite_grad);
   num("vocab-size", a.vocab_size);
   num("layers", a.layers);
   num("d-model", a.d_model);
@@ -174,6 +186,7 @@ int main(int argc, char** argv) try {
   config.n_head = args.heads;
   config.d_model = args.d_model;
   config.seed = args.seed;
+  config.dtype = td::checkpoint::parse_short_dtype(args.dtype);
   auto model = std::make_shared<td::models::GPT>(config);
 
   std::vector<td::optim::ParamGroup> groups;  // decay: matrices and embeddings; no decay: rest
@@ -192,9 +205,14 @@ int main(int argc, char** argv) try {
   schedule.warmup_steps = args.warmup_steps;
   schedule.decay_steps = args.steps;
   td::optim::LRScheduler scheduler(optimizer, schedule);
-  std::printf("model: gpt2, %lld layers, d_model %lld, %lld heads: %lld parameters\n",
+  // fp16: the loss is scaled before backward (no-op factor 1 for fp32/bf16, whose exponent range
+  // needs none).
+  const bool fp16 = config.dtype == td::DType::Float16;
+  td::optim::DynamicLossScaler scaler(
+      {.init_scale = args.initial_loss_scale, .growth_interval = args.loss_scale_window});
+  std::printf("model: gpt2, %lld layers, d_model %lld, %lld heads: %lld parameters, %s\n",
               (long long)args.layers, (long long)args.d_model, (long long)args.heads,
-              (long long)model->num_parameters());
+              (long long)model->num_parameters(), args.dtype.c_str());
 
   // ---- resume: parameters, optimizer, schedule, data position, dropout stream ----
   int64_t step = 0, consumed = 0;
@@ -206,6 +224,10 @@ int main(int argc, char** argv) try {
       consumed = state.meta.at("data").at("consumed_samples").as_int();
       if (const auto* rng = state.meta.find("rng"); rng && rng->find("dropout"))
         td::checkpoint::generator_from_json(rng->at("dropout"), model->dropout_generator());
+      if (const auto* ls = state.meta.find("loss_scaler"); ls && fp16) {
+        scaler.load_state({ls->at("scale").as_double(), ls->at("growth_tracker").as_int(),
+                           ls->at("skipped_steps").as_int()});
+      }
       std::printf("resumed from %s: step %lld, %lld samples consumed\n", reader.path().c_str(),
                   (long long)step, (long long)consumed);
     } else {
@@ -225,17 +247,40 @@ int main(int argc, char** argv) try {
     const double lr = scheduler.lr();  // the rate this step uses
     optimizer.zero_grad();
     td::Tensor loss = model->forward(inputs(batch), targets(batch));
-    loss.backward();
-    const double grad_norm = td::optim::clip_grad_norm_(params, args.clip_grad);
-    optimizer.step();
+    double grad_norm = 0;
+    bool skipped = false;
+    const double loss_scale = fp16 ? scaler.scale() : 1.0;
+    if (!fp16 && step + 1 != args.inject_nonfinite_grad) {
+      loss.backward();
+      grad_norm = td::optim::clip_grad_norm_(params, args.clip_grad);
+      optimizer.step();
+    } else {
+      const double seed = step + 1 == args.inject_nonfinite_grad ? INFINITY : loss_scale;
+      td::mul(loss, seed).backward();
+      // The norm of the scaled gradients decides the overflow (Note [Overflow from the norm]);
+      // one multiply then unscales and clips.
+      const double scaled_norm = td::optim::grad_norm(params);
+      skipped = fp16 ? !scaler.update(!std::isfinite(scaled_norm)) : false;
+      grad_norm = scaled_norm / loss_scale;
+      if (!skipped) {
+        const double factor =
+            td::optim::unscale_clip_factor(scaled_norm, loss_scale, args.clip_grad);
+        td::autograd::NoGradGuard no_grad;
+        for (td::Tensor p : params) {
+          if (td::Tensor g = p.grad(); g.defined()) td::mul_(g, factor);
+        }
+        optimizer.step();
+      }
+    }
     scheduler.step();
     tokens_since_log += args.micro_batch * args.seq_len;
     if ((step + 1) % args.log_interval == 0 || step + 1 == last) {
       const auto t1 = std::chrono::steady_clock::now();
       const double secs = std::chrono::duration<double>(t1 - t0).count();
-      std::printf("step %5lld | loss %.6f | lr %.3e | grad norm %.3f | %.0f tokens/s\n",
-                  (long long)(step + 1), loss.item<float>(), lr, grad_norm,
-                  tokens_since_log / secs);
+      std::printf("step %5lld | loss %.6f | lr %.3e | grad norm %.3f", (long long)(step + 1),
+                  loss.item<float>(), lr, grad_norm);
+      if (fp16) std::printf(" | loss scale %g%s", loss_scale, skipped ? " (skipped)" : "");
+      std::printf(" | %.0f tokens/s\n", tokens_since_log / secs);
       std::fflush(stdout);
       t0 = t1;
       tokens_since_log = 0;
@@ -273,6 +318,13 @@ int main(int argc, char** argv) try {
     extra.set("data", data);
     extra.set("rng", rng);
     extra.set("train", flags);
+    if (fp16) {
+      td::json::Value ls = td::json::Object{};
+      ls.set("scale", scaler.state().scale);
+      ls.set("growth_tracker", scaler.state().growth_tracker);
+      ls.set("skipped_steps", scaler.state().skipped_steps);
+      extra.set("loss_scaler", ls);
+    }
     td::checkpoint::CheckpointWriter writer(args.save + "/" + name);
     // The tokenizer preprocess wrote next to the data travels with the model, so
     // `python -m tardelli.generate --checkpoint DIR` can decode its samples.
