@@ -24,7 +24,7 @@
 // attention's log-sum-exp per head. Dropout keeps no mask (Note [Dropout mask]). The flash
 // attention kernel never stores the [T, T] probabilities in any mode: Korthikanti et al.'s
 // "attention core" recomputation is what it does always, so `selective` differs from `none`
-// only by the MLP activation (Note [Recomputed MLP activation]). tests/models/test_gpt_recompute
+// only by the MLP activation (Note [Recomputed MLP activation]). tests/models/test_recompute
 // measures these formulas with the allocator. Under tensor parallelism A, K, ff and H are this
 // rank's shares; under sequence parallelism the d-sized terms (except the gathered norm outputs)
 // are this rank's T / tp tokens.
