@@ -24,8 +24,8 @@ std::vector<RngState> capture(const std::vector<Generator*>& gens) {
 }
 
 void restore(const std::vector<Generator*>& gens, const std::vector<RngState>& s) {
-  for (size_t i = 0; i < gens.size(); ++i) gens[i]->set_state(s[i].seed, s[i].offset,
-                                                               s[i].subsequence);
+  for (size_t i = 0; i < gens.size(); ++i)
+    gens[i]->set_state(s[i].seed, s[i].offset, s[i].subsequence);
 }
 
 // Puts the generators back to `s` on scope exit, also when the recomputation throws.
@@ -104,8 +104,7 @@ TensorList recompute_backward(Saved& s, const TensorList& grads) {
 
 }  // namespace
 
-TensorList checkpoint(CheckpointFn fn, const TensorList& inputs,
-                      const CheckpointOptions& options) {
+TensorList checkpoint(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions& options) {
   TD_CHECK(fn != nullptr, "checkpoint: the function is empty");
   for (const Generator* g : options.generators) {
     TD_CHECK(g != nullptr, "checkpoint: a listed generator is null");

@@ -50,7 +50,8 @@ struct ChainRun {
 
 enum class Mode { Plain, Checkpoint, CheckpointDeferred };
 
-ChainRun run_chain(const std::vector<Block>& init, Mode mode, const Tensor& x0, uint64_t drop_seed) {
+ChainRun run_chain(const std::vector<Block>& init, Mode mode, const Tensor& x0,
+                   uint64_t drop_seed) {
   ChainRun r;
   for (const Block& b : init) r.blocks.push_back(copy_block(b));
   r.x = x0.clone().set_requires_grad(true);
@@ -61,8 +62,8 @@ ChainRun run_chain(const std::vector<Block>& init, Mode mode, const Tensor& x0, 
       x = run_block(b, x, &drop);
     } else {
       x = autograd::checkpoint(
-          [&b, &drop](const TensorList& in) { return TensorList{run_block(b, in[0], &drop)}; },
-          {x}, {{&drop}})[0];
+          [&b, &drop](const TensorList& in) { return TensorList{run_block(b, in[0], &drop)}; }, {x},
+          {{&drop}})[0];
     }
   }
   r.loss = sum(mul(x, x));

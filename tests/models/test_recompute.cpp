@@ -98,8 +98,8 @@ int64_t held_after_forward(const GPTConfig& c, RecomputeOptions r, int64_t B) {
   GPT m(c);
   m.set_recompute(r);
   m.train(true);
-  Tensor idx = tokens(B, c.block_size, c.vocab_size, 3), tgt = tokens(B, c.block_size,
-                                                                      c.vocab_size, 4);
+  Tensor idx = tokens(B, c.block_size, c.vocab_size, 3),
+         tgt = tokens(B, c.block_size, c.vocab_size, 4);
   const int64_t before = memory_stats().current_bytes;
   Tensor loss = m.forward(idx, tgt);
   return memory_stats().current_bytes - before;
@@ -111,8 +111,8 @@ int64_t per_token_formula(const GPTConfig& c, Recompute mode) {
   const int64_t K = c.kv_heads() * hd, ff = models::ffn_hidden_size(c), H = c.n_head;
   const bool gpt2 = c.arch == Arch::GPT2;
   if (mode == Recompute::Full) return s * d;
-  int64_t b = gpt2 ? s * (10 * d + ff) + 4 * (4 + H)
-                   : s * (6 * d + 3 * A + 3 * K + 2 * ff) + 4 * (2 + H);
+  int64_t b =
+      gpt2 ? s * (10 * d + ff) + 4 * (4 + H) : s * (6 * d + 3 * A + 3 * K + 2 * ff) + 4 * (2 + H);
   if (mode == Recompute::None) b += s * (gpt2 ? ff : 2 * ff);
   return b;
 }
@@ -131,8 +131,8 @@ TEST(GPTRecompute, PerBlockMemoryMatchesFormula) {
       GPTConfig c4 = config(arch, 4, 0.1), c2 = config(arch, 2, 0.1);
       c4.block_size = c2.block_size = 64;
       const int64_t B = 4, tokens_n = B * c4.block_size;
-      const int64_t per_block = (held_after_forward(c4, {mode, -1}, B) -
-                                 held_after_forward(c2, {mode, -1}, B)) / 2;
+      const int64_t per_block =
+          (held_after_forward(c4, {mode, -1}, B) - held_after_forward(c2, {mode, -1}, B)) / 2;
       const int64_t want = per_token_formula(c4, mode) * tokens_n;
       EXPECT_NEAR(static_cast<double>(per_block), static_cast<double>(want), 0.01 * want)
           << "measured " << per_block << " bytes per block, formula " << want;
@@ -143,8 +143,8 @@ TEST(GPTRecompute, PerBlockMemoryMatchesFormula) {
 // Property: under full recomputation the step's peak grows by about one activation [B, T, d] per
 // extra block (the kept input), not by the selective set (14 d per token for gpt2): the peak of
 // a 5-layer model minus a 2-layer one is at most 3 inputs + 4% (+64 KiB for rounding), while for
-// selective it is at least 95% of 3 times the selective formula's bytes (measured: exactly it). Gradients are
-// allocated by a first step, so the measured step allocates no .grad.
+// selective it is at least 95% of 3 times the selective formula's bytes (measured: exactly it).
+// Gradients are allocated by a first step, so the measured step allocates no .grad.
 TEST(GPTRecompute, FullRecomputePeakIsOneActivationPerBlock) {
   auto peak = [](int64_t layers, Recompute mode) {
     GPTConfig c = config(Arch::GPT2, layers, 0.0);
@@ -176,17 +176,24 @@ TEST(GPTRecompute, FullRecomputePeakIsOneActivationPerBlock) {
 // the bound for num_layers.
 TEST(GPTRecompute, BadOptions) {
   GPT m(config(Arch::GPT2, 3, 0.0));
-  EXPECT_NE(error_of([&] { m.set_recompute({Recompute::Full, 4}); }).find("this stage holds 3"),
+  EXPECT_NE(error_of([&] {
+              m.set_recompute({Recompute::Full, 4});
+            }).find("this stage holds 3"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m.set_recompute({Recompute::Full, 0}); }).find("must be in [1, 3]"),
+  EXPECT_NE(error_of([&] {
+              m.set_recompute({Recompute::Full, 0});
+            }).find("must be in [1, 3]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m.set_recompute({Recompute::Selective, 1}); })
-                .find("applies to recompute 'full' only"),
+  EXPECT_NE(error_of([&] {
+              m.set_recompute({Recompute::Selective, 1});
+            }).find("applies to recompute 'full' only"),
             std::string::npos);
   EXPECT_NE(error_of([] { models::parse_recompute("partial"); }).find("unknown mode 'partial'"),
             std::string::npos);
   GPT stage(config(Arch::GPT2, 4, 0.0), models::GPTStage{2, 2, false, true});
-  EXPECT_NE(error_of([&] { stage.set_recompute({Recompute::Full, 3}); }).find("h.2..h.3"),
+  EXPECT_NE(error_of([&] {
+              stage.set_recompute({Recompute::Full, 3});
+            }).find("h.2..h.3"),
             std::string::npos);
   stage.set_recompute({Recompute::Full, 2});
   EXPECT_EQ(stage.recompute().num_layers, 2);

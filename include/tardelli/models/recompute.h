@@ -8,7 +8,7 @@
 // d_model, A = n_head * head_dim (= d), K = n_kv_head * head_dim, ff = the MLP hidden size and
 // H = n_head, the block keeps (fp32 statistics: 4 bytes each):
 //
-//   selective, gpt2:  s * (10 d + ff)            + 4 * (4 + H)
+//   selective, gpt2:  s * (10 d + ff)                + 4 * (4 + H)
 //   selective, llama: s * (6 d + 3 A + 3 K + 2 ff) + 4 * (2 + H)
 //   none:             selective + s * ff (gpt2: the GELU output) or + s * 2 ff (llama: silu(gate)
 //                     and silu(gate) * up)
@@ -20,14 +20,14 @@
 // output [A] (the flash kernel's backward input and, as a view, c_proj's input: the kernel
 // writes it in [B, T, H, hd] order), the attention branch [d] (the residual add keeps it),
 // r = x + branch (ln_2 and the add), ln_2's output (c_fc's input), c_fc's output h [ff | 2 ff]
-// (activation_linear's input) and the MLP branch [d]. The statistics: layer norm's mean and rstd (rms norm: rstd) for two norms, and the
-// attention's log-sum-exp per head. Dropout keeps no mask (Note [Dropout mask]). The flash
-// attention kernel never stores the [T, T] probabilities in any mode: Korthikanti et al.'s
-// "attention core" recomputation is what it does always, so `selective` differs from `none`
-// only by the MLP activation (Note [Recomputed MLP activation]). tests/models/test_recompute
-// measures these formulas with the allocator. Under tensor parallelism A, K, ff and H are this
-// rank's shares; under sequence parallelism the d-sized terms (except the gathered norm outputs)
-// are this rank's T / tp tokens.
+// (activation_linear's input) and the MLP branch [d]. The statistics: layer norm's mean and rstd
+// (rms norm: rstd) for two norms, and the attention's log-sum-exp per head. Dropout keeps no mask
+// (Note [Dropout mask]). The flash attention kernel never stores the [T, T] probabilities in any
+// mode: Korthikanti et al.'s "attention core" recomputation is what it does always, so `selective`
+// differs from `none` only by the MLP activation (Note [Recomputed MLP activation]).
+// tests/models/test_recompute measures these formulas with the allocator. Under tensor parallelism
+// A, K, ff and H are this rank's shares; under sequence parallelism the d-sized terms (except the
+// gathered norm outputs) are this rank's T / tp tokens.
 //
 // Cost: `none` runs the activation once (no recomputation); `selective` runs it again in
 // backward (one elementwise pass over [tokens, ff]); `full` runs each block's whole forward again
