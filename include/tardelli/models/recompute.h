@@ -8,7 +8,7 @@
 // d_model, A = n_head * head_dim (= d), K = n_kv_head * head_dim, ff = the MLP hidden size and
 // H = n_head, the block keeps (fp32 statistics: 4 bytes each):
 //
-//   selective, gpt2:  s * (10 d + ff)                + 4 * (4 + H)
+//   selective, gpt2:  s * (10 d + ff)              + 4 * (4 + H)
 //   selective, llama: s * (6 d + 3 A + 3 K + 2 ff) + 4 * (2 + H)
 //   none:             selective + s * ff (gpt2: the GELU output) or + s * 2 ff (llama: silu(gate)
 //                     and silu(gate) * up)
