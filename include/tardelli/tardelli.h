@@ -1,5 +1,6 @@
 #pragma once
 // The whole public C++ API.
+#include "tardelli/autograd/checkpoint.h"
 #include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/autograd/grad_mode.h"

@@ -2,6 +2,7 @@
 // backward runs with the GIL released; a Python hook takes it back for its own call (see
 // PyCallable), so other Python threads run while the graph executes.
 #include "bind.h"
+#include "tardelli/autograd/checkpoint.h"
 #include "tardelli/autograd/weight_grad_store.h"
 
 namespace td::python {
@@ -106,6 +107,22 @@ void init_autograd(py::module_& m, TensorClass& cls) {
         return autograd::backward_input(roots, g);
       },
       "roots"_a, "grads"_a);
+  // fn takes and returns a list of tensors (td.utils.checkpoint wraps any signature). It runs
+  // here with the GIL held, and again in backward from the engine (GIL released), taking it back.
+  m.def(
+      "autograd_checkpoint",
+      [](py::function fn, const TensorList& inputs, const std::vector<Generator*>& generators) {
+        PyCallable f(std::move(fn));
+        autograd::CheckpointOptions opts;
+        opts.generators = generators;
+        return autograd::checkpoint(
+            [f](const TensorList& xs) {
+              py::gil_scoped_acquire gil;
+              return f(py::make_tuple(xs)).cast<TensorList>();
+            },
+            inputs, opts);
+      },
+      "fn"_a, "inputs"_a, "generators"_a);
   m.def(
       "backward",
       [](const TensorList& roots, const std::vector<std::optional<Tensor>>& grads,

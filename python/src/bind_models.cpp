@@ -106,6 +106,18 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
           "dropout_generator", [](GPT& g) -> Generator& { return g.dropout_generator(); },
           py::return_value_policy::reference_internal)
       .def("named_parameters", [](const GPT& g) { return named_list(g.named_parameters()); })
+      .def(
+          "set_recompute",
+          [](GPT& g, const std::string& mode, int64_t num_layers) {
+            g.set_recompute({models::parse_recompute(mode), num_layers});
+          },
+          "mode"_a, "num_layers"_a = -1)
+      .def_property_readonly("recompute",
+                             [](const GPT& g) {
+                               return py::make_tuple(
+                                   std::string(models::recompute_name(g.recompute().mode)),
+                                   g.recompute().num_layers);
+                             })
       .def_property_readonly(
           "tp_size", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_size() : 1; })
       .def_property_readonly(

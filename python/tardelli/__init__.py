@@ -19,7 +19,7 @@ from ._C import (  # noqa: E402
 from ._tensor import Size, TardelliIndexError, TardelliNotImplementedError  # noqa: E402
 from ._api import *  # noqa: E402,F401,F403
 from . import (amp, autograd, backends, checkpoint, cuda, data, distributed, io,  # noqa: E402
-               models, nn, ops, optim)
+               models, nn, ops, optim, utils)
 from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  # noqa: E402
                        set_grad_enabled)
 

@@ -193,6 +193,21 @@ class GPT(nn.Module):
                  "weight_decay": float(g["weight_decay"])}
                 for g in self._cpp.param_groups(float(weight_decay))]
 
+    def set_recompute(self, mode="selective", num_layers=None):
+        """What each block keeps for backward: "none" (every activation its backward uses),
+        "selective" (the default: the MLP activation is recomputed; the flash attention never
+        keeps the probabilities) or "full" (only the block's input; the block runs again in
+        backward, dropout masks replayed). num_layers (full only): the first num_layers blocks
+        of this stage, the rest selective. Values and gradients are the same in every mode
+        (Note [Recompute modes], include/tardelli/models/recompute.h)."""
+        self._cpp.set_recompute(str(mode), -1 if num_layers is None else int(num_layers))
+        return self
+
+    @property
+    def recompute(self):
+        """(mode, num_layers) set by set_recompute (num_layers -1: every block)."""
+        return tuple(self._cpp.recompute)
+
     @property
     def dropout_generator(self):
         """The td.Generator dropout draws from (its state is part of a training checkpoint)."""

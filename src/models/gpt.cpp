@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "tardelli/autograd/checkpoint.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/activation.h"
 #include "tardelli/ops/activation_linear.h"
@@ -326,7 +327,7 @@ Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
 // are its shards, Note [GPT tensor-parallel layout]); under sequence parallelism x is this rank's
 // chunk of T and the column layer gathers the whole sequence.
 Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
-                  bool sp) {
+                  bool sp, bool fuse_act) {
   const int tp = parallel_ ? parallel_->tp_size() : 1;
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
   Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp);
@@ -358,13 +359,47 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   y = y.permute({0, 2, 1, 3}).reshape({B, T, H * hd});
   Tensor r = add(x, maybe_dropout(row(y, l.attn_proj_w, l.attn_proj_b, sp), sp));
 
-  // The MLP's activation is recomputed in backward, not kept (Note [Recomputed MLP activation]).
+  // The MLP's activation is recomputed in backward, not kept (Note [Recomputed MLP activation]),
+  // except under recompute none, which keeps act(h) for c_proj's weight gradient.
   // llama's c_fc output is [B, T, 2ff]: the gate columns, then the up columns.
   Tensor hn = norm(r, l.ln_2_w, l.ln_2_b, sp);
   const bool gpt2 = config_.arch == Arch::GPT2;
   Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp);
   const MlpActivation act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
-  return add(r, maybe_dropout(row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act), sp));
+  Tensor m = fuse_act ? row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act)
+                      : row(mlp_activation(h, act), l.mlp_proj_w, l.mlp_proj_b, sp);
+  return add(r, maybe_dropout(m, sp));
+}
+
+void GPT::set_recompute(RecomputeOptions r) {
+  TD_CHECK(r.num_layers == -1 || r.mode == Recompute::Full,
+           "GPT.set_recompute: num_layers (", r.num_layers, ") applies to recompute 'full' only, "
+           "got '", recompute_name(r.mode), "'");
+  TD_CHECK(r.num_layers == -1 || (r.num_layers >= 1 && r.num_layers <= stage_.num_layers),
+           "GPT.set_recompute: num_layers ", r.num_layers, " must be in [1, ", stage_.num_layers,
+           "]: this stage holds ", stage_.num_layers, " layers (h.", stage_.first_layer, "..h.",
+           stage_.first_layer + stage_.num_layers - 1, ")");
+  recompute_ = r;
+}
+
+Recompute GPT::block_mode(size_t layer) const {
+  if (recompute_.mode != Recompute::Full) return recompute_.mode;
+  const bool all = recompute_.num_layers < 0;
+  return all || static_cast<int64_t>(layer) < recompute_.num_layers ? Recompute::Full
+                                                                      : Recompute::Selective;
+}
+
+// The block's parameters are leaves (or, under mixed precision, cast inside the block), so the
+// recomputed graph is self-contained, as autograd::checkpoint requires. The model must outlive
+// the backward (the node calls back into it).
+Tensor GPT::recomputed_block(size_t layer, const Tensor& x, int64_t start, bool sp) {
+  autograd::CheckpointOptions opts;
+  opts.generators.push_back(&dropout_gen_);
+  if (parallel_) opts.generators.push_back(&parallel_->split_generator());
+  auto fn = [this, layer, start, sp](const TensorList& in) {
+    return TensorList{block(layers_[layer], in[0], start, nullptr, layer, sp)};
+  };
+  return autograd::checkpoint(fn, {x}, opts)[0];
 }
 
 Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) {
@@ -393,7 +428,14 @@ Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) 
     }
     x = maybe_dropout(cast(x), sp);
   }
-  for (size_t i = 0; i < layers_.size(); ++i) x = block(layers_[i], x, start, cache, i, sp);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Recompute mode = block_mode(i);
+    if (mode == Recompute::Full && cache == nullptr) {
+      x = recomputed_block(i, x, start, sp);
+    } else {
+      x = block(layers_[i], x, start, cache, i, sp, mode != Recompute::None);
+    }
+  }
   return stage_.post ? norm(x, ln_f_w_, ln_f_b_, sp) : x;
 }
 

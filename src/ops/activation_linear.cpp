@@ -23,13 +23,17 @@
 
 namespace td {
 
+Tensor mlp_activation(const Tensor& h, MlpActivation act) {
+  if (act == MlpActivation::GeluTanh) return gelu(h, GeluApprox::Tanh);
+  const int64_t ff = h.size(-1) / 2;
+  return mul(silu(h.narrow(-1, 0, ff)), h.narrow(-1, ff, ff));
+}
+
 namespace {
 
 // act(h) for a detached h.
 Tensor apply(const Tensor& h, MlpActivation act) {
-  if (act == MlpActivation::GeluTanh) return gelu(h, GeluApprox::Tanh);
-  const int64_t ff = h.size(-1) / 2;
-  return mul(silu(h.narrow(-1, 0, ff)), h.narrow(-1, ff, ff));
+  return mlp_activation(h, act);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@
 #include "tardelli/core/rng.h"
 #include "tardelli/models/gpt_config.h"
 #include "tardelli/models/gpt_parallelism.h"
+#include "tardelli/models/recompute.h"
 #include "tardelli/nn/module.h"
 #include "tardelli/nn/shard_spec.h"
 
@@ -126,6 +127,12 @@ class GPT : public nn::Module {
   // units not divisible by tp), or when a layout is already installed.
   void set_parallelism(std::shared_ptr<GPTParallelism> p);
   GPTParallelism* parallelism() const { return parallel_.get(); }
+
+  // What each block keeps for backward (Note [Recompute modes] in recompute.h). Values and
+  // gradients do not depend on it; it is not part of the config or of checkpoints. td::Error
+  // when num_layers is given for a mode other than full, or exceeds this stage's layers.
+  void set_recompute(RecomputeOptions r);
+  const RecomputeOptions& recompute() const { return recompute_; }
   // Where this rank's tensor `name` (a parameter name) lies in the full one under the
   // installed layout (replicated without one). td::Error for an unknown name.
   nn::ShardSpec shard_spec(const std::string& name) const;
@@ -147,8 +154,13 @@ class GPT : public nn::Module {
   // `input`: idx on a pre stage, hidden states otherwise; ln_f is applied on a post stage.
   Tensor hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp);
   Tensor head(const Tensor& h, const Tensor& targets, bool sp);
+  // `fuse_act`: the MLP activation is recomputed in backward (activation_linear) rather than kept.
   Tensor block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
-               bool sp);
+               bool sp, bool fuse_act = true);
+  // block() under autograd::checkpoint: only x is kept; the block runs again in backward with
+  // the dropout streams replayed (Note [Recompute modes]).
+  Tensor recomputed_block(size_t layer, const Tensor& x, int64_t start, bool sp);
+  Recompute block_mode(size_t layer) const;
   Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
   Tensor cast(const Tensor& p) const;  // parameter -> compute dtype (differentiable)
   Tensor maybe_dropout(const Tensor& x, bool sp);
@@ -167,6 +179,7 @@ class GPT : public nn::Module {
   Tensor rope_cos_, rope_sin_;  // llama: fp32 [block_size, hd/2]
   Generator dropout_gen_;
   std::shared_ptr<GPTParallelism> parallel_;  // null: one device
+  RecomputeOptions recompute_;
   std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
 };
 

@@ -14,6 +14,10 @@ enum class MlpActivation {
 // -> [..., out]. Values and gradients equal linear(act(h), weight, bias) built from the separate
 // ops; only h (not act(h)) is kept for backward. Under deferred weight gradients (Note [Deferred
 // weight gradients]) the deferred dW recomputes act(h) itself.
+// act(h) from the separate ops (gelu; silu(gate) * up), recorded op by op: what
+// activation_linear recomputes, for callers that keep act(h) instead (GPT recompute none).
+Tensor mlp_activation(const Tensor& h, MlpActivation act);
+
 Tensor activation_linear(const Tensor& h, MlpActivation act, const Tensor& weight,
                          const Tensor& bias = Tensor());
 

@@ -83,6 +83,12 @@ class TrainConfig:
         help="with --pp: write the last step's pipeline timeline (Chrome trace JSON) and a PNG"))
     zero: int = field(default=0, metadata=dict(
         help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks"))
+    recompute: str = field(default="selective", metadata=dict(
+        help="activation recomputation: none | selective (the MLP activation) | full (each "
+             "block from its input); never changes losses (docs/memory.md)"))
+    recompute_layers: int = field(default=0, metadata=dict(
+        help="with --recompute full: only the first N blocks of each pipeline stage/chunk "
+             "(0: every block)"))
     ddp_bucket_mb: float = field(default=40.0, metadata=dict(
         help="gradient bucket size for overlapped data-parallel reduction (MB)"))
     # ---- evaluation, logging, checkpoints ----
@@ -113,7 +119,8 @@ class TrainConfig:
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "schedule": ("gpipe", "1f1b", "interleaved", "zb"),
-            "lr_decay_style": ("cosine", "linear", "constant")}
+            "lr_decay_style": ("cosine", "linear", "constant"),
+            "recompute": ("none", "selective", "full")}
 
 
 def _coerce(name, value, source):
@@ -245,6 +252,21 @@ def validate(cfg, dp_size=1):
         need(cfg.layers % (cfg.pp * cfg.vpp) == 0,
              f"--layers {cfg.layers} is not divisible by --pp {cfg.pp} x --vpp {cfg.vpp} "
              "(or give --pipeline-layout)")
+        counts = [cfg.layers // (cfg.pp * cfg.vpp)] * (cfg.pp * cfg.vpp)
+    need(cfg.recompute_layers >= 0,
+         f"--recompute-layers must be >= 0, got {cfg.recompute_layers}")
+    need(cfg.recompute_layers == 0 or cfg.recompute == "full",
+         f"--recompute-layers {cfg.recompute_layers} selects blocks for full recomputation: it "
+         f"needs --recompute full (got --recompute {cfg.recompute})")
+    if cfg.recompute_layers:
+        # Every stage (model chunk) recomputes its first N blocks (Megatron's block method), so
+        # N must fit in the smallest one.
+        fewest = min(range(len(counts)), key=lambda s: counts[s])
+        need(cfg.recompute_layers <= counts[fewest],
+             f"--recompute-layers {cfg.recompute_layers} exceeds the {counts[fewest]} layers of "
+             f"pipeline stage {fewest} (--layers {cfg.layers}, --pp {cfg.pp}, --vpp {cfg.vpp}"
+             f"{', --pipeline-layout ' + cfg.pipeline_layout if cfg.pipeline_layout else ''}): "
+             "full recomputation applies to the first N blocks of every stage")
     if cfg.tp > 1:
         kv_ = cfg.kv_heads or cfg.heads
         need(cfg.heads % cfg.tp == 0,

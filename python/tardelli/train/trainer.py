@@ -249,6 +249,8 @@ def train(cfg, world=None, out=print):
             parallelize(ch, grid, sequence_parallel=cfg.sequence_parallel,
                         make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
     for ch in chunks:
+        # Recomputation is a training-time choice, not part of the model or its checkpoints.
+        ch.set_recompute(cfg.recompute, cfg.recompute_layers or None)
         ch.train()
         if cfg.device != "cpu":
             ch.to(cfg.device)

@@ -1,0 +1,2 @@
+"""tardelli.utils: torch.utils' names (checkpoint)."""
+from . import checkpoint  # noqa: F401
