@@ -18,7 +18,10 @@ Storage Storage::wrap(void* data, size_t nbytes, Device device,
 }
 
 void StorageImpl::release() {
-  data_.reset();
+  // Not data_.reset(): that frees the bytes but keeps the deleter, and a refill()'s deleter may
+  // own the buffer it points into (Note [FSDP parameter storage]); assigning a fresh DataPtr
+  // runs the deleter and then destroys it.
+  data_ = DataPtr();
   released_ = true;
 }
 

@@ -92,7 +92,8 @@ TEST(FSDP, AccumulatedStepsMatchSingleProcess) {
 // reading one is a td::Error naming the release; a forward gathers each non-empty unit once
 // (gpt2's tied head gathers wte again) and leaves nothing gathered; the most gathered at once,
 // forward and backward with prefetch, stays within wte + wpe + head + two blocks (the current
-// unit and the prefetched one), below the full model's parameters; the shards hold 1/dp of
+// unit and the prefetched one), below the full model's parameters, and after the step the
+// allocator holds no more than before it (gathered buffers really freed); the shards hold 1/dp of
 // the parameters each (up to each unit's padding to a multiple of dp); generate is refused.
 TEST(FSDP, ParametersLiveInShardsBetweenUses) {
   CommPtr comm = world();
@@ -126,9 +127,12 @@ TEST(FSDP, ParametersLiveInShardsBetweenUses) {
   }
   fsdp->reset_peak_gathered_bytes();
   fsdp->ddp().zero_grad();
+  const int64_t before = memory_stats().current_bytes;
   model->forward(b.idx, b.targets).backward();
   fsdp->ddp().finish_grad_sync();
   EXPECT_EQ(fsdp->gathered_bytes(), 0);
+  // The allocator agrees: no gathered buffer or full gradient bucket outlives the step.
+  EXPECT_LT(memory_stats().current_bytes - before, 4 * largest_block / 4);
   const int64_t bound = 4 * (unit_numel(units[0]) + unit_numel(units[1]) +
                              unit_numel(units[6]) + 2 * largest_block + 4 * n);
   EXPECT_LE(fsdp->peak_gathered_bytes(), bound);
