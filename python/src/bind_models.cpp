@@ -106,6 +106,12 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
           "dropout_generator", [](GPT& g) -> Generator& { return g.dropout_generator(); },
           py::return_value_policy::reference_internal)
       .def("named_parameters", [](const GPT& g) { return named_list(g.named_parameters()); })
+      .def("param_units",
+           [](const GPT& g) {
+             py::list r;
+             for (const auto& u : g.param_units()) r.append(named_list(u));
+             return r;
+           })
       .def_property_readonly(
           "tp_size", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_size() : 1; })
       .def_property_readonly(
