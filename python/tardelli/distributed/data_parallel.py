@@ -16,6 +16,12 @@
         opt.clip_grad_norm(1.0)
         opt.step()
 
+zero=2 (ZeRO-2) also shards the gradients: every micro-batch reduce-scatters each bucket into
+persistent shards (no_sync has no effect) and the full buckets are freed. ZeRO-3 shards the
+parameters too: fsdp = FullyShardedDataParallel(model); opt = DistributedOptimizer(fsdp, ...);
+then fsdp.zero_grad() / fsdp.finish_grad_sync() as above. DistributedOptimizer(...,
+offload=True) keeps the shard's optimizer state in host memory (docs/memory.md).
+
 Without ZeRO (zero=False) use any optimizer on the full parameters after finish_grad_sync(),
 e.g. td.optim.AdamW, but zero gradients with ddp.zero_grad() (or zero_grad(set_to_none=False)):
 every .grad is a view of a bucket and must never be set to None. The C++ classes
