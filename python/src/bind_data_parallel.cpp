@@ -102,11 +102,11 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       .def_static(
           "shard",
           [](const std::vector<std::shared_ptr<models::GPT>>& chunks, distributed::CommPtr comm,
-             bool prefetch) {
-            return FullyShardedDataParallel::shard(chunks, std::move(comm),
-                                                   FSDPOptions{prefetch, true});
+             bool prefetch, bool compute_dtype_gathers) {
+            return FullyShardedDataParallel::shard(
+                chunks, std::move(comm), FSDPOptions{prefetch, true, compute_dtype_gathers});
           },
-          "chunks"_a, "comm"_a, "prefetch"_a = true, nogil())
+          "chunks"_a, "comm"_a, "prefetch"_a = true, "compute_dtype_gathers"_a = true, nogil())
       .def("ddp", &FullyShardedDataParallel::ddp, py::return_value_policy::reference_internal)
       .def("param_shards", &FullyShardedDataParallel::param_shards)
       .def("full_parameters", &FullyShardedDataParallel::full_parameters, nogil())

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <unordered_map>
 
 #include "tardelli/autograd/function.h"
 #include "tardelli/autograd/grad_mode.h"
@@ -18,12 +19,23 @@ namespace td::distributed {
 // freed exactly when the last of the unit's parameters is released (Note [Released storage]).
 // Tensors autograd saved in forward share those storages, so regathering before backward makes
 // them valid again without touching the graph.
+//
+// Note [Compute-dtype gathers]: a unit whose gather dtype is bf16/f16 (the GPT's blocks and head
+// when the model computes in that dtype) converts this rank's fp32 shard to the compute dtype and
+// gathers that: half the traffic and half the working set. The fp32 parameters then never hold
+// bytes; each has a compute-dtype copy (its own storage, filled like a parameter's) that the
+// model takes through compute_param() instead of casting, and whose gradient flows back to the
+// fp32 parameter cast to fp32, exactly as td::to_dtype's would: the weights the ops see are the
+// same bf16 values as an unsharded model's cast. The embeddings read their fp32 tables directly,
+// so those units gather in fp32.
 struct FullyShardedDataParallel::State {
   enum class Status { Released, Gathering, Full };
   struct Unit {
     std::vector<size_t> params;  // indices into the DDP's params()
     int64_t bucket = -1;         // -1: empty unit
     int64_t chunk = 0;
+    DType dtype = DType::Float32;  // gather dtype (Note [Compute-dtype gathers])
+    std::vector<Tensor> compute;   // dtype != fp32: per parameter, its gathered copy
     Status status = Status::Released;
     Tensor flat;   // the gather's output while in flight
     WorkPtr work;  // the gather in flight
@@ -35,6 +47,8 @@ struct FullyShardedDataParallel::State {
   std::vector<Unit> units;
   std::vector<Tensor> shards;   // per DDP bucket
   std::vector<int64_t> unit_of; // per DDP param: its unit
+  std::vector<size_t> slot_of;  // per DDP param: its position in its unit
+  std::unordered_map<const TensorImpl*, size_t> index;  // parameter -> DDP param index
   std::vector<char> got_grad;   // per DDP param, in the current backward
   const DistributedDataParallel* ddp = nullptr;
   int64_t gathers = 0;
@@ -48,11 +62,16 @@ struct FullyShardedDataParallel::State {
     Unit& u = units[static_cast<size_t>(k)];
     if (u.bucket < 0 || u.status != Status::Released) return;
     const Bucket& bk = bucket(u);
-    u.flat = Tensor::empty({bk.padded_numel}, DType::Float32, bk.buffer.device());
-    u.work = comm->all_gather(u.flat, shards[static_cast<size_t>(u.bucket)], /*async_op=*/true);
+    u.flat = Tensor::empty({bk.padded_numel}, u.dtype, bk.buffer.device());
+    Tensor src = shards[static_cast<size_t>(u.bucket)];
+    if (u.dtype != DType::Float32) {
+      autograd::NoGradGuard no_grad;
+      src = to_dtype(src, u.dtype);  // the Work keeps it alive until the gather is done
+    }
+    u.work = comm->all_gather(u.flat, src, /*async_op=*/true);
     u.status = Status::Gathering;
     ++gathers;
-    bytes += bk.padded_numel * 4;
+    bytes += unit_bytes(u);
     peak = std::max(peak, bytes);
   }
 
@@ -61,10 +80,11 @@ struct FullyShardedDataParallel::State {
     u.work->wait();
     u.work.reset();
     char* base = static_cast<char*>(u.flat.data_ptr());
-    for (size_t i : u.params) {
-      const BucketParam& p = param(i);
-      DataPtr ptr(base + p.offset * 4, [keep = u.flat](void*) {});
-      p.param.storage().refill(std::move(ptr));
+    const int64_t elem = static_cast<int64_t>(itemsize(u.dtype));
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      const BucketParam& p = param(u.params[k]);
+      DataPtr ptr(base + p.offset * elem, [keep = u.flat](void*) {});
+      target(u, k).storage().refill(std::move(ptr));
     }
     u.flat = Tensor();
     u.status = Status::Full;
@@ -81,9 +101,19 @@ struct FullyShardedDataParallel::State {
     Unit& u = units[static_cast<size_t>(k)];
     if (u.bucket < 0 || u.status == Status::Released) return;
     if (u.status == Status::Gathering) install(u);  // a prefetch nobody used: complete it
-    for (size_t i : u.params) param(i).param.storage().release();
+    for (size_t k = 0; k < u.params.size(); ++k) target(u, k).storage().release();
     u.status = Status::Released;
-    bytes -= bucket(u).padded_numel * 4;
+    bytes -= unit_bytes(u);
+  }
+
+  int64_t unit_bytes(const Unit& u) const {
+    return bucket(u).padded_numel * static_cast<int64_t>(itemsize(u.dtype));
+  }
+
+  // What a gather fills for the unit's k-th parameter: the parameter itself (fp32 units) or
+  // its compute-dtype copy.
+  const Tensor& target(const Unit& u, size_t k) const {
+    return u.dtype == DType::Float32 ? param(u.params[k]).param : u.compute[k];
   }
 
   // The nearest non-empty unit from k in direction `step` inside k's chunk, or -1.
@@ -125,27 +155,39 @@ struct FullyShardedDataParallel::State {
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::vector<nn::NamedTensors> units, CommPtr dp,
                                                    std::vector<int64_t> chunk_of,
-                                                   FSDPOptions options)
+                                                   FSDPOptions options,
+                                                   std::vector<DType> gather_dtypes)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   TD_CHECK(dp != nullptr, "FullyShardedDataParallel: the data-parallel communicator is null");
   TD_CHECK(chunk_of.empty() || chunk_of.size() == units.size(), "FullyShardedDataParallel: ",
            chunk_of.size(), " chunk indices for ", units.size(), " units");
+  TD_CHECK(gather_dtypes.empty() || gather_dtypes.size() == units.size(),
+           "FullyShardedDataParallel: ", gather_dtypes.size(), " gather dtypes for ",
+           units.size(), " units");
   s.comm = dp;
   s.opt = options;
   nn::NamedTensors flat;
   for (size_t k = 0; k < units.size(); ++k) {
     State::Unit u;
     u.chunk = chunk_of.empty() ? 0 : chunk_of[k];
+    u.dtype = gather_dtypes.empty() ? DType::Float32 : gather_dtypes[k];
     for (const auto& [name, p] : units[k]) {
       TD_CHECK(p.defined() && p.dtype() == DType::Float32 && p.is_contiguous() &&
                    p.storage_offset() == 0 &&
                    p.storage().nbytes() == static_cast<size_t>(p.numel()) * 4,
                "FullyShardedDataParallel: parameter '", name, "' must be a contiguous float32 "
                "tensor owning its storage, got ", p.defined() ? describe(p) : "undefined");
+      s.slot_of.push_back(u.params.size());
+      s.index[p.impl()] = flat.size();
       u.params.push_back(flat.size());
       s.unit_of.push_back(static_cast<int64_t>(k));
       flat.emplace_back(name, p);
+      if (u.dtype != DType::Float32) {
+        Tensor c = Tensor::empty(p.sizes(), u.dtype, p.device());
+        c.storage().release();
+        u.compute.push_back(c);
+      }
     }
     s.units.push_back(std::move(u));
   }
@@ -209,15 +251,20 @@ std::shared_ptr<FullyShardedDataParallel> FullyShardedDataParallel::shard(
   TD_CHECK(!chunks.empty(), "FullyShardedDataParallel.shard: no model chunks");
   std::vector<nn::NamedTensors> units;
   std::vector<int64_t> chunk_of, first;
+  std::vector<DType> dtypes;
   for (size_t c = 0; c < chunks.size(); ++c) {
     first.push_back(static_cast<int64_t>(units.size()));
-    for (auto& u : chunks[c]->param_units()) {
-      units.push_back(std::move(u));
+    auto mine = chunks[c]->param_units();
+    for (size_t k = 0; k < mine.size(); ++k) {
+      units.push_back(std::move(mine[k]));
       chunk_of.push_back(static_cast<int64_t>(c));
+      // Note [Compute-dtype gathers]: units 0 and 1 are the embedding tables (read in fp32).
+      const DType compute = chunks[c]->config().dtype;
+      dtypes.push_back(options.compute_dtype_gathers && k >= 2 ? compute : DType::Float32);
     }
   }
-  auto fsdp = std::make_shared<FullyShardedDataParallel>(std::move(units), std::move(dp),
-                                                         std::move(chunk_of), options);
+  auto fsdp = std::make_shared<FullyShardedDataParallel>(
+      std::move(units), std::move(dp), std::move(chunk_of), options, std::move(dtypes));
   for (size_t c = 0; c < chunks.size(); ++c) chunks[c]->set_param_units(fsdp, first[c]);
   return fsdp;
 }
@@ -262,6 +309,35 @@ Tensor FullyShardedDataParallel::release(const std::vector<int64_t>& units, cons
         }
         return TensorList{g[0].defined() ? g[0] : zeros(shape, {dt, dev, false})};
       });
+  return out;
+}
+
+std::optional<Tensor> FullyShardedDataParallel::compute_param(const Tensor& p, DType dtype) {
+  State& s = *state_;
+  Tensor c;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.index.find(p.impl());
+    if (it == s.index.end()) return std::nullopt;
+    const int64_t k = s.unit_of[it->second];
+    const State::Unit& u = s.units[static_cast<size_t>(k)];
+    if (u.dtype == DType::Float32 || u.dtype != dtype) return std::nullopt;
+    TD_CHECK(u.status == State::Status::Full, "FullyShardedDataParallel.compute_param: '",
+             s.param(it->second).name, "' (unit ", k, ", rank ", s.comm->rank(),
+             ") is used while its unit is not materialized");
+    c = u.compute[s.slot_of[it->second]];
+  }
+  // Note [Compute-dtype gathers]: an alias of the gathered copy whose gradient goes to p.
+  Tensor out = c.detach();
+  if (autograd::needs_grad({p})) {
+    autograd::record("FSDPComputeParamBackward", {p}, {&out},
+                     [shape = p.sizes(), dev = p.device()](const TensorList& g, const auto&) {
+                       autograd::NoGradGuard no_grad;
+                       return TensorList{g[0].defined()
+                                             ? to_dtype(g[0].detach(), DType::Float32)
+                                             : zeros(shape, {DType::Float32, dev, false})};
+                     });
+  }
   return out;
 }
 

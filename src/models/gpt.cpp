@@ -283,6 +283,9 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
 
 Tensor GPT::cast(const Tensor& p) const {
   if (!p.defined() || p.dtype() == config_.dtype) return p;
+  if (units_) {
+    if (auto c = units_->compute_param(p, config_.dtype)) return *c;  // gathered in dtype
+  }
   return to_dtype(p, config_.dtype);
 }
 
@@ -291,7 +294,12 @@ Tensor GPT::cast(const Tensor& p) const {
 Tensor GPT::norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
   const int64_t d = config_.d_model;
   const auto param = [&](const Tensor& p) {
-    return cast(sp && p.defined() ? parallel_->replicated(p) : p);
+    if (!sp || !p.defined()) return cast(p);
+    if (units_ && p.dtype() != config_.dtype) {
+      // ZeRO-3 gathering in the compute dtype: the fp32 weight holds no bytes, its copy does.
+      if (auto c = units_->compute_param(p, config_.dtype)) return parallel_->replicated(*c);
+    }
+    return cast(parallel_->replicated(p));
   };
   if (config_.arch == Arch::GPT2) return layer_norm(x, {d}, param(w), param(b), config_.norm_eps);
   return rms_norm(x, {d}, param(w), config_.norm_eps);

@@ -17,10 +17,9 @@
 // being accumulated. All ranks issue the same gathers in the same order (the model runs the
 // same units in the same order on every rank).
 //
-// Mixed precision: the shards and the gathers are fp32; a bf16/fp16 model casts each gathered
-// weight in forward as it does unsharded (tested: same losses as ZeRO-0 in bf16). Gathering in
-// the compute dtype (half the traffic and working set) is not done yet: the embeddings read
-// their fp32 tables directly, and sequence-parallel norms cast after the tp all-reduce node.
+// Mixed precision: the shards (and the optimizer's masters) are fp32; a bf16/fp16 model's blocks
+// and head are gathered in the compute dtype (Note [Compute-dtype gathers]), the embedding
+// tables in fp32 (the model reads them uncast).
 //
 // Memory per rank (fp32 parameters and gradients, N = parameters of this rank's model or tp
 // shard, dp ranks): parameter shards 4N/dp + gradient shards 4N/dp + optimizer state 12N/dp
@@ -46,6 +45,9 @@ namespace td::distributed {
 struct FSDPOptions {
   bool prefetch = true;  // Note [FSDP prefetch]
   bool average = true;   // gradients averaged over dp (false: summed)
+  // shard(): a bf16/f16 model's blocks and head gather in its compute dtype over the fp32
+  // shards (Note [Compute-dtype gathers]); false: everything gathers fp32 and is cast.
+  bool compute_dtype_gathers = true;
 };
 
 class FullyShardedDataParallel final : public models::ParamUnits {
@@ -54,8 +56,11 @@ class FullyShardedDataParallel final : public models::ParamUnits {
   // model chunk unit u belongs to (prefetch stays inside a chunk; empty: one chunk). Every
   // parameter must be an fp32 contiguous leaf owning its storage, listed once. The parameters'
   // storage is released here; their values live in the shards from now on.
+  // `gather_dtypes[u]`: the dtype unit u is gathered in (empty: all fp32); a unit in another
+  // dtype hands its parameters to the model through compute_param().
   FullyShardedDataParallel(std::vector<nn::NamedTensors> units, CommPtr dp,
-                           std::vector<int64_t> chunk_of = {}, FSDPOptions options = {});
+                           std::vector<int64_t> chunk_of = {}, FSDPOptions options = {},
+                           std::vector<DType> gather_dtypes = {});
   ~FullyShardedDataParallel() override;
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
@@ -67,6 +72,7 @@ class FullyShardedDataParallel final : public models::ParamUnits {
 
   void materialize(int64_t unit) override;
   Tensor release(const std::vector<int64_t>& units, const Tensor& y) override;
+  std::optional<Tensor> compute_param(const Tensor& p, DType dtype) override;
 
   // The gradient reduction (ZeRO-2 over the units): zero_grad() / finish_grad_sync() as usual.
   DistributedDataParallel& ddp();

@@ -243,15 +243,17 @@ class FullyShardedDataParallel:
     """ZeRO-3: every parameter of `chunks` (a td.models.GPT or a list of this rank's pipeline
     chunks) is sharded over `group` between uses; each block is all-gathered before its forward
     and its backward (the next one prefetched) and freed after; gradients are reduce-scattered
-    per block into fp32 shards (include/tardelli/distributed/fully_sharded.h). Use with
+    per block into fp32 shards (include/tardelli/distributed/fully_sharded.h); a bf16 model's
+    blocks are gathered in bf16 (compute_dtype_gathers). Use with
     DistributedOptimizer(fsdp, ...). `.ddp` is the gradient side (zero_grad, finish_grad_sync)."""
 
-    def __init__(self, chunks, group=None, prefetch=True):
+    def __init__(self, chunks, group=None, prefetch=True, compute_dtype_gathers=True):
         models = list(chunks) if isinstance(chunks, (list, tuple)) else [chunks]
         self.group = _default_group(group)
         self.zero = 3
         self._cpp = _D.FullyShardedDataParallel.shard([m._cpp for m in models], self.group,
-                                                      bool(prefetch))
+                                                      bool(prefetch),
+                                                      bool(compute_dtype_gathers))
         names = [n for m in models for unit in m._cpp.param_units() for n, _ in unit]
         self.ddp = DistributedDataParallel._from_cpp(self._cpp.ddp(), names, self.group, 2)
         self.param_names = names
