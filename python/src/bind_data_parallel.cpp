@@ -6,6 +6,8 @@
 #include "bind.h"
 #include "tardelli/distributed/data_parallel.h"
 #include "tardelli/distributed/distributed_optimizer.h"
+#include "tardelli/distributed/fully_sharded.h"
+#include "tardelli/models/gpt.h"
 
 namespace td::python {
 
@@ -13,6 +15,8 @@ using namespace pybind11::literals;
 using distributed::DDPOptions;
 using distributed::DistributedDataParallel;
 using distributed::DistributedOptimizer;
+using distributed::FSDPOptions;
+using distributed::FullyShardedDataParallel;
 
 namespace {
 
@@ -36,13 +40,16 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       "Bucketed, overlapped gradient averaging over a data-parallel group "
       "(include/tardelli/distributed/data_parallel.h)")
       .def(py::init([](const nn::NamedTensors& params, distributed::CommPtr comm,
-                       int64_t bucket_bytes, bool overlap, bool reduce_scatter, bool average) {
+                       int64_t bucket_bytes, bool overlap, bool reduce_scatter, bool average,
+                       bool shard_grads, std::vector<std::string> own_bucket) {
              return std::make_shared<DistributedDataParallel>(
                  params, std::move(comm),
-                 DDPOptions{bucket_bytes, overlap, reduce_scatter, average});
+                 DDPOptions{bucket_bytes, overlap, reduce_scatter, average, shard_grads,
+                            std::move(own_bucket)});
            }),
            "named_params"_a, "comm"_a, "bucket_bytes"_a = DDPOptions{}.bucket_bytes,
-           "overlap"_a = true, "reduce_scatter"_a = false, "average"_a = true, nogil())
+           "overlap"_a = true, "reduce_scatter"_a = false, "average"_a = true,
+           "shard_grads"_a = false, "own_bucket"_a = std::vector<std::string>{}, nogil())
       .def("set_last_microbatch", &DistributedDataParallel::set_last_microbatch, "last"_a)
       .def("is_last_microbatch", &DistributedDataParallel::is_last_microbatch)
       .def("set_overlap", &DistributedDataParallel::set_overlap, "overlap"_a)
@@ -71,24 +78,66 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       .def("num_collectives", &DistributedDataParallel::num_collectives)
       .def("hooks_fired", &DistributedDataParallel::hooks_fired)
       .def("launch_hook_counts", &DistributedDataParallel::launch_hook_counts)
-      .def("last_wait_seconds", &DistributedDataParallel::last_wait_seconds);
+      .def("last_wait_seconds", &DistributedDataParallel::last_wait_seconds)
+      .def("shard_grad", &DistributedDataParallel::shard_grad, "bucket"_a)
+      .def("grad_buffer_bytes", &DistributedDataParallel::grad_buffer_bytes)
+      .def("bucket_shard_ranges", [](const DistributedDataParallel& x) {
+        // per bucket: [(name, bucket offset, numel)], padded size, shard size
+        std::vector<std::tuple<std::vector<std::tuple<std::string, int64_t, int64_t>>, int64_t,
+                               int64_t>> r;
+        for (const auto& b : x.buckets()) {
+          std::vector<std::tuple<std::string, int64_t, int64_t>> ps;
+          for (size_t i : b.params) {
+            ps.emplace_back(x.params()[i].name, x.params()[i].offset, x.params()[i].numel);
+          }
+          r.emplace_back(ps, b.padded_numel, b.shard_numel);
+        }
+        return r;
+      });
+
+  py::class_<FullyShardedDataParallel, std::shared_ptr<FullyShardedDataParallel>>(
+      d, "FullyShardedDataParallel",
+      "ZeRO-3: parameters sharded over dp between uses "
+      "(include/tardelli/distributed/fully_sharded.h)")
+      .def_static(
+          "shard",
+          [](const std::vector<std::shared_ptr<models::GPT>>& chunks, distributed::CommPtr comm,
+             bool prefetch, bool compute_dtype_gathers) {
+            return FullyShardedDataParallel::shard(
+                chunks, std::move(comm), FSDPOptions{prefetch, true, compute_dtype_gathers});
+          },
+          "chunks"_a, "comm"_a, "prefetch"_a = true, "compute_dtype_gathers"_a = true, nogil())
+      .def("ddp", &FullyShardedDataParallel::ddp, py::return_value_policy::reference_internal)
+      .def("param_shards", &FullyShardedDataParallel::param_shards)
+      .def("full_parameters", &FullyShardedDataParallel::full_parameters, nogil())
+      .def("load_full_parameters", &FullyShardedDataParallel::load_full_parameters, "full"_a,
+           nogil())
+      .def("gathered_bytes", &FullyShardedDataParallel::gathered_bytes)
+      .def("peak_gathered_bytes", &FullyShardedDataParallel::peak_gathered_bytes)
+      .def("reset_peak_gathered_bytes", &FullyShardedDataParallel::reset_peak_gathered_bytes)
+      .def("num_gathers", &FullyShardedDataParallel::num_gathers);
 
   py::class_<DistributedOptimizer, std::shared_ptr<DistributedOptimizer>>(
       d, "DistributedOptimizer",
       "ZeRO-1 AdamW over a reduce_scatter DistributedDataParallel "
       "(include/tardelli/distributed/distributed_optimizer.h)")
       .def(py::init([](DistributedDataParallel& ddp, const std::vector<GroupSpec>& groups,
-                       double lr, double beta1, double beta2, double eps, double weight_decay) {
+                       double lr, double beta1, double beta2, double eps, double weight_decay,
+                       bool offload, std::vector<Tensor> param_shards) {
              optim::AdamWOptions o;
              o.lr = lr;
              o.beta1 = beta1;
              o.beta2 = beta2;
              o.eps = eps;
              o.weight_decay = weight_decay;
-             return std::make_shared<DistributedOptimizer>(ddp, groups_from(groups), o);
+             return std::make_shared<DistributedOptimizer>(
+                 ddp, groups_from(groups), o,
+                 distributed::ShardedOptimizerOptions{offload, std::move(param_shards)});
            }),
            "ddp"_a, "groups"_a, "lr"_a = 1e-3, "beta1"_a = 0.9, "beta2"_a = 0.999, "eps"_a = 1e-8,
-           "weight_decay"_a = 1e-2, py::keep_alive<1, 2>())  // the DDP outlives the optimizer
+           "weight_decay"_a = 1e-2, "offload"_a = false,
+           "param_shards"_a = std::vector<Tensor>{},
+           py::keep_alive<1, 2>())  // the DDP outlives the optimizer
       .def("step", &DistributedOptimizer::step, nogil())
       .def("zero_grad", &DistributedOptimizer::zero_grad, nogil())
       .def("clip_grad_norm", &DistributedOptimizer::clip_grad_norm, "max_norm"_a, nogil())
@@ -115,6 +164,9 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
              return r;
            })
       .def("optimizer_state_bytes", &DistributedOptimizer::optimizer_state_bytes)
+      .def("host_state_bytes", &DistributedOptimizer::host_state_bytes)
+      .def("write_masters_to_param_shards",
+           &DistributedOptimizer::write_masters_to_param_shards, nogil())
       .def("step_count", &DistributedOptimizer::step_count)
       .def("named_state", &DistributedOptimizer::named_state)
       .def("load_named_state", &DistributedOptimizer::load_named_state, "state"_a, nogil())

@@ -118,6 +118,12 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
                                    std::string(models::recompute_name(g.recompute().mode)),
                                    g.recompute().num_layers);
                              })
+      .def("param_units",
+           [](const GPT& g) {
+             py::list r;
+             for (const auto& u : g.param_units()) r.append(named_list(u));
+             return r;
+           })
       .def_property_readonly(
           "tp_size", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_size() : 1; })
       .def_property_readonly(

@@ -50,6 +50,9 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::data_ptr() const {
   TD_CHECK(defined(), "data_ptr() called on an undefined tensor");
+  TD_CHECK(!impl_->storage.released(), "data_ptr(): the storage of ", describe(*this),
+           " is released (a ZeRO-2/3 gradient bucket or sharded parameter between uses: "
+           "Note [Released storage])");
   return static_cast<char*>(impl_->storage.data()) + impl_->offset * element_size();
 }
 

@@ -2,14 +2,31 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/copy.h"
+#include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/factory.h"
 
 namespace td::distributed {
+
+// Note [ZeRO-2 gradient shards]: ZeRO-1 keeps every full bucket for the whole step and reduces
+// once, on the last micro-batch. ZeRO-2 keeps only this rank's 1/dp shard of each bucket between
+// reductions (grad_shard, fp32, persistent): every micro-batch reduce-scatters each bucket as soon
+// as backward has produced it, and drain() adds the result into the shard and releases the full
+// buffer (Note [Released storage]). A bucket's buffer comes back, zeroed, in the pre-accumulate
+// hook of its first gradient after the last launch (on_grad_incoming), so the .grad views stay
+// valid handles; the AccumulateGrad of the next micro-batch adds straight into it again. Each
+// bucket runs its own cycle (pending count, launch, drain), and launches stay in bucket order,
+// wrapping around to bucket 0 for the next micro-batch, so every rank issues the same sequence.
+// A finished reduction is drained when the bucket's next gradient arrives, when another launch
+// finds it completed (so buffers are freed while backward goes on) or in finish_grad_sync, and
+// at most kMaxInFlight buckets wait on the network at once: the full gradient a rank holds is
+// bounded by the buckets being accumulated plus those two, whatever the network's speed.
+// Summing per-micro-batch averages equals averaging the accumulated sum up to fp32 rounding.
 
 // Note [DDP state and hooks]: the post-accumulate hooks live in the parameters' autograd
 // metadata, which outlives this object (hooks cannot be removed). They hold a weak_ptr to the
@@ -30,6 +47,9 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> pending;  // per bucket: parameters not ready yet
   std::vector<char> bucket_ready;
   std::vector<WorkPtr> work;
+  std::vector<char> touched;  // ZeRO-2: a gradient arrived since the bucket's last launch
+  std::deque<size_t> inflight;  // ZeRO-2: launched, not drained, oldest first
+  static constexpr size_t kMaxInFlight = 2;
   size_t next_launch = 0;  // buckets launch strictly in order (Note [Bucket launch order])
 
   bool last_microbatch = true;
@@ -78,6 +98,12 @@ struct DistributedDataParallel::State {
 
   void launch(size_t b) {
     Bucket& bk = buckets[b];
+    if (opt.shard_grads) {
+      // The output is transient too: drain() adds it into the persistent shard and drops it.
+      rs_out[b] = Tensor::empty({bk.shard_numel}, DType::Float32, bk.buffer.device());
+      bk.buffer.storage().materialize();  // a bucket with no gradient since its last launch
+      if (!touched[b]) bk.buffer.zero_();
+    }
     if (opt.reduce_scatter) {
       work[b] = comm->reduce_scatter(rs_out[b], bk.buffer, op(), /*async_op=*/true);
     } else {
@@ -85,6 +111,54 @@ struct DistributedDataParallel::State {
     }
     ++collectives;
     launch_hooks[b] = hooks;
+    if (opt.shard_grads) {
+      // Note [ZeRO-2 gradient shards]: each bucket runs its own cycle; the next micro-batch's
+      // gradients for it start a new one (after drain()).
+      touched[b] = 0;
+      bucket_ready[b] = 0;
+      pending[b] = static_cast<int64_t>(bk.params.size());
+      for (size_t i : bk.params) param_ready[i] = 0;
+      // Bounded memory: finished reductions are drained now, and at most kMaxInFlight full
+      // buckets wait on the network (the oldest is waited for beyond that).
+      inflight.push_back(b);
+      for (size_t k = 0; k + 1 < inflight.size();) {
+        const size_t o = inflight[k];
+        if (work[o] && work[o]->is_completed()) {
+          drain(o);
+        } else {
+          ++k;
+        }
+      }
+      while (inflight.size() > kMaxInFlight) drain(inflight.front());
+    }
+  }
+
+  // ZeRO-2: waits for bucket b's reduce-scatter, adds the result into its shard and releases
+  // the full buffer (Note [ZeRO-2 gradient shards]).
+  void drain(size_t b) {
+    if (!work[b]) return;
+    inflight.erase(std::find(inflight.begin(), inflight.end(), b));
+    work[b]->wait();
+    work[b].reset();
+    Bucket& bk = buckets[b];
+    autograd::NoGradGuard no_grad;
+    add_(bk.grad_shard, rs_out[b]);
+    rs_out[b] = Tensor();
+    if (!touched[b]) bk.buffer.storage().release();
+  }
+
+  // ZeRO-2, before a gradient is accumulated into parameter i's view: its bucket's previous
+  // reduction must be finished and its buffer present (zeroed).
+  void on_grad_incoming(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t b = params[i].bucket;
+    if (touched[b]) return;  // not the bucket's first gradient since its last launch
+    touched[b] = 1;          // drain() must not release it now
+    drain(b);
+    Bucket& bk = buckets[b];
+    bk.buffer.storage().materialize();
+    autograd::NoGradGuard no_grad;
+    bk.buffer.zero_();
   }
 
   // Note [Bucket launch order]: collectives must be issued in the same order on every rank.
@@ -92,12 +166,30 @@ struct DistributedDataParallel::State {
   // whose micro-batch leaves a parameter unused, or an engine order that differs, could make
   // bucket 2 ready before bucket 1. Launching only the ready prefix keeps the order fixed.
   void launch_ready_prefix() {
+    if (opt.shard_grads) {
+      // Cyclic: after the last bucket the next micro-batch starts again at bucket 0.
+      while (bucket_ready[next_launch]) {
+        launch(next_launch);
+        next_launch = (next_launch + 1) % buckets.size();
+      }
+      return;
+    }
     while (next_launch < buckets.size() && bucket_ready[next_launch]) launch(next_launch++);
   }
 
   void on_grad_ready(size_t i) {
     std::lock_guard<std::mutex> lock(mu);
     synced = false;
+    if (opt.shard_grads) {
+      check_view(i);
+      if (param_ready[i]) return;  // its bucket waits for a predecessor: accumulate only
+      param_ready[i] = 1;
+      ++hooks;
+      const size_t b = params[i].bucket;
+      if (--pending[b] == 0) bucket_ready[b] = 1;
+      if (opt.overlap) launch_ready_prefix();
+      return;
+    }
     if (!last_microbatch) return;  // accumulation only
     open_cycle();
     check_view(i);
@@ -151,15 +243,45 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
   // Buckets in reverse registration order, each closed once it reaches bucket_bytes (so a
   // parameter larger than a bucket gets a bucket of its own), padded to a multiple of the
   // group size so that reduce_scatter splits it evenly.
-  std::vector<std::vector<size_t>> groups(1);
-  int64_t bytes = 0;
-  for (size_t k = s.params.size(); k-- > 0;) {
-    groups.back().push_back(k);
-    bytes += s.params[k].numel * static_cast<int64_t>(sizeof(float));
-    if (bytes >= s.opt.bucket_bytes && k > 0) {
-      groups.emplace_back();
-      bytes = 0;
+  TD_CHECK(!s.opt.shard_grads || s.opt.reduce_scatter,
+           "DistributedDataParallel: shard_grads (ZeRO-2) needs reduce_scatter=true");
+  std::vector<std::vector<size_t>> groups;
+  if (!s.opt.buckets.empty()) {
+    std::vector<char> seen(s.params.size(), 0);
+    for (const auto& g : s.opt.buckets) {
+      TD_CHECK(!g.empty(), "DistributedDataParallel: an explicit bucket is empty");
+      for (size_t k : g) {
+        TD_CHECK(k < s.params.size() && !seen[k], "DistributedDataParallel: explicit buckets "
+                 "must name each of the ", s.params.size(), " parameters once; bad index ", k);
+        seen[k] = 1;
+      }
     }
+    TD_CHECK(std::all_of(seen.begin(), seen.end(), [](char c) { return c != 0; }),
+             "DistributedDataParallel: explicit buckets leave a parameter out");
+    groups = s.opt.buckets;
+  } else {
+    groups.emplace_back();
+    int64_t bytes = 0;
+    const auto own = [&](size_t k) {
+      return std::find(s.opt.own_bucket.begin(), s.opt.own_bucket.end(), s.params[k].name) !=
+             s.opt.own_bucket.end();
+    };
+    for (size_t k = s.params.size(); k-- > 0;) {
+      if (own(k)) {
+        if (!groups.back().empty()) groups.emplace_back();
+        groups.back().push_back(k);
+        groups.emplace_back();
+        bytes = 0;
+        continue;
+      }
+      groups.back().push_back(k);
+      bytes += s.params[k].numel * static_cast<int64_t>(sizeof(float));
+      if (bytes >= s.opt.bucket_bytes && k > 0) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+    }
+    if (groups.back().empty()) groups.pop_back();
   }
   autograd::NoGradGuard no_grad;
   for (auto& members : groups) {
@@ -173,7 +295,10 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
     bk.padded_numel = std::max<int64_t>(1, (bk.numel + world - 1) / world) * world;
     bk.shard_numel = bk.padded_numel / world;
     bk.buffer = zeros({bk.padded_numel}, {DType::Float32, s.params[members[0]].param.device()});
-    if (s.opt.reduce_scatter) {
+    if (s.opt.shard_grads) {
+      bk.grad_shard = zeros({bk.shard_numel}, {DType::Float32, bk.buffer.device()});
+      s.rs_out.emplace_back();
+    } else if (s.opt.reduce_scatter) {
       s.rs_out.push_back(zeros({bk.shard_numel}, {DType::Float32, bk.buffer.device()}));
     }
     s.buckets.push_back(std::move(bk));
@@ -184,6 +309,10 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
   s.bucket_ready.assign(nb, 0);
   s.work.assign(nb, nullptr);
   s.launch_hooks.assign(nb, -1);
+  s.touched.assign(nb, 0);
+  if (s.opt.shard_grads) {
+    for (size_t b = 0; b < nb; ++b) s.pending[b] = static_cast<int64_t>(s.buckets[b].params.size());
+  }
 
   std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < s.params.size(); ++i) {
@@ -192,9 +321,20 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
     Tensor old = p.grad();
     if (old.defined()) copy_into(view, old);  // keep a gradient accumulated before wrapping
     p.set_grad(view);
+    if (s.opt.shard_grads) {
+      p.register_hook([weak, i](const Tensor&) -> std::optional<Tensor> {
+        if (auto st = weak.lock()) st->on_grad_incoming(i);
+        return std::nullopt;
+      });
+    }
     p.register_post_accumulate_grad_hook([weak, i](const Tensor&) {
       if (auto st = weak.lock()) st->on_grad_ready(i);
     });
+  }
+  if (s.opt.shard_grads) {
+    // ZeRO-2 keeps only the shards between reductions (a gradient accumulated before wrapping
+    // is dropped, as zero_grad() would).
+    for (auto& bk : s.buckets) bk.buffer.storage().release();
   }
 }
 
@@ -225,6 +365,25 @@ void DistributedDataParallel::set_overlap(bool overlap) {
 void DistributedDataParallel::finish_grad_sync() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.opt.shard_grads) {
+    // Buckets holding gradients not reduced yet (unused parameters, or overlap off) are
+    // launched in the cyclic order; then everything is drained into the shards.
+    const size_t nb = s.buckets.size();
+    for (size_t k = 0; k < nb; ++k) {
+      const size_t b = (s.next_launch + k) % nb;
+      if (s.touched[b]) {
+        for (size_t i : s.buckets[b].params) s.check_view(i);
+        s.launch(b);
+      }
+    }
+    s.next_launch = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t b = 0; b < nb; ++b) s.drain(b);
+    s.wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.synced = true;
+    return;
+  }
   s.open_cycle();
   for (size_t i = 0; i < s.params.size(); ++i) s.check_view(i);
   // Buckets whose parameters did not all get a gradient (unused parameters) and, without
@@ -252,12 +411,46 @@ bool DistributedDataParallel::grads_synced() const {
 void DistributedDataParallel::zero_grad() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  autograd::NoGradGuard no_grad;
+  if (s.opt.shard_grads) {
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      s.touched[b] = 0;
+      s.drain(b);
+      Bucket& bk = s.buckets[b];
+      bk.buffer.storage().release();
+      bk.grad_shard.zero_();
+      s.pending[b] = static_cast<int64_t>(bk.params.size());
+      s.bucket_ready[b] = 0;
+    }
+    std::fill(s.param_ready.begin(), s.param_ready.end(), 0);
+    s.next_launch = 0;
+    s.synced = false;
+    return;
+  }
   s.wait_all();  // never zero a buffer a collective is still reading or writing
   std::fill(s.work.begin(), s.work.end(), nullptr);
   s.cycle_open = false;
   s.synced = false;
-  autograd::NoGradGuard no_grad;
   for (auto& bk : s.buckets) bk.buffer.zero_();
+}
+
+Tensor DistributedDataParallel::shard_grad(size_t b) const {
+  const State& s = *state_;
+  TD_CHECK(b < s.buckets.size(), "DistributedDataParallel.shard_grad: bucket ", b,
+           " out of range (", s.buckets.size(), " buckets)");
+  TD_CHECK(s.opt.reduce_scatter, "DistributedDataParallel.shard_grad: only with reduce_scatter");
+  const Bucket& bk = s.buckets[b];
+  if (s.opt.shard_grads) return bk.grad_shard;
+  return bk.buffer.narrow(0, s.comm->rank() * bk.shard_numel, bk.shard_numel);
+}
+
+int64_t DistributedDataParallel::grad_buffer_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& bk : state_->buckets) {
+    if (!bk.buffer.storage().released()) bytes += bk.buffer.numel() * 4;
+    if (bk.grad_shard.defined()) bytes += bk.grad_shard.numel() * 4;
+  }
+  return bytes;
 }
 
 const CommPtr& DistributedDataParallel::comm() const {

@@ -26,8 +26,9 @@ std::string range_key(const std::string& name, const char* what, int64_t a, int6
 
 DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
                                            std::vector<optim::ParamGroup> groups,
-                                           const optim::AdamWOptions& defaults)
-    : ddp_(ddp), groups_(std::move(groups)) {
+                                           const optim::AdamWOptions& defaults,
+                                           ShardedOptimizerOptions options)
+    : ddp_(ddp), options_(std::move(options)), groups_(std::move(groups)) {
   TD_CHECK(ddp.options().reduce_scatter,
            "DistributedOptimizer: the DistributedDataParallel must "
            "be built with reduce_scatter=true (ZeRO-1 reduces each bucket to its shard owner)");
@@ -73,6 +74,20 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
   autograd::NoGradGuard no_grad;
   const int64_t r = ddp.comm()->rank();
   const auto& buckets = ddp.buckets();
+  const bool zero3 = !options_.param_shards.empty();
+  if (zero3) {
+    TD_CHECK(options_.param_shards.size() == buckets.size(),
+             "DistributedOptimizer: ", options_.param_shards.size(), " parameter shards for ",
+             buckets.size(), " buckets (ZeRO-3 needs one per bucket)");
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      TD_CHECK(options_.param_shards[b].numel() == buckets[b].shard_numel &&
+                   options_.param_shards[b].dtype() == DType::Float32,
+               "DistributedOptimizer: parameter shard ", b, " is ",
+               describe(options_.param_shards[b]), ", expected float32 [",
+               buckets[b].shard_numel, "] (rank ", r, ")");
+    }
+  }
+  const Device host = kCPU;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bk = buckets[b];
     const int64_t lo = r * bk.shard_numel, hi = lo + bk.shard_numel;
@@ -87,14 +102,19 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
       pc.start = a - p.offset;
       pc.numel = e - a;
       pc.bucket_offset = a;
-      pc.master = p.param.reshape({-1}).narrow(0, pc.start, pc.numel).to(DType::Float32).clone();
-      pc.exp_avg = zeros({pc.numel});
-      pc.exp_avg_sq = zeros({pc.numel});
-      pc.grad = bk.buffer.narrow(0, a, pc.numel);
+      Tensor src = zero3 ? options_.param_shards[b].narrow(0, a - lo, pc.numel)
+                         : p.param.reshape({-1}).narrow(0, pc.start, pc.numel);
+      const Device where = options_.offload ? host : p.param.device();
+      pc.master = src.to(DType::Float32).to(where).clone();
+      pc.exp_avg = zeros({pc.numel}, {DType::Float32, where});
+      pc.exp_avg_sq = zeros({pc.numel}, {DType::Float32, where});
+      pc.grad = ddp.shard_grad(b).narrow(0, a - lo, pc.numel);
+      if (options_.offload) pc.host_grad = zeros({pc.numel}, {DType::Float32, host});
       pieces_.push_back(std::move(pc));
     }
-    shard_in_.push_back(zeros({bk.shard_numel}));
-    gathered_.push_back(zeros({bk.padded_numel}));
+    const Device dev = bk.buffer.device();
+    shard_in_.push_back(zero3 ? options_.param_shards[b]
+                              : zeros({bk.shard_numel}, {DType::Float32, dev}));
   }
   // Pieces in bucket order, and within a bucket in offset order: sorted for the norm's order.
   std::sort(pieces_.begin(), pieces_.end(), [](const Piece& x, const Piece& y) {
@@ -108,13 +128,17 @@ void DistributedOptimizer::step() {
            "call ddp.finish_grad_sync() after the last backward");
   autograd::NoGradGuard no_grad;
   ++step_;
+  // Note [Optimizer offload]: the shard's gradient goes to the host first.
+  if (options_.offload) {
+    for (auto& pc : pieces_) copy_into(pc.host_grad, pc.grad);
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     const auto& grp = groups_[g];
     TensorList ps, gs, ms, vs;
     for (auto& pc : pieces_) {
       if (pc.group != g) continue;
       ps.push_back(pc.master);
-      gs.push_back(pc.grad);
+      gs.push_back(options_.offload ? pc.host_grad : pc.grad);
       ms.push_back(pc.exp_avg);
       vs.push_back(pc.exp_avg_sq);
     }
@@ -129,9 +153,10 @@ void DistributedOptimizer::step() {
     adamw_step(ps, gs, ms, vs, cfg);
   }
 
-  // Note [Parameter all-gather]: every bucket's gather is started before any is waited for, so
-  // the transfers of later buckets overlap the copies of earlier ones (and could overlap the
-  // next forward once parameters are views of the gather buffers, as in Megatron).
+  // Note [Parameter all-gather]: the gathers are pipelined two deep: bucket b+1's transfer
+  // overlaps the copy of bucket b into the parameters, and at most two full buckets of gather
+  // buffer exist at once (they are freed after the copy, so ZeRO-1/2 keep no full-size buffer
+  // between steps).
   const auto& buckets = ddp_.buckets();
   const auto& params = ddp_.params();
   const int64_t r = ddp_.comm()->rank();
@@ -139,18 +164,25 @@ void DistributedOptimizer::step() {
     const int64_t lo = r * buckets[pc.bucket].shard_numel;
     copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
   }
+  if (!options_.param_shards.empty()) return;  // ZeRO-3: gathered when next used
   std::vector<WorkPtr> work(buckets.size());
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    work[b] = ddp_.comm()->all_gather(gathered_[b], shard_in_[b], /*async_op=*/true);
-  }
-  for (size_t b = 0; b < buckets.size(); ++b) {
+  std::vector<Tensor> gathered(buckets.size());
+  const auto finish = [&](size_t b) {
     work[b]->wait();
     for (size_t i : buckets[b].params) {
       const BucketParam& p = params[i];
       Tensor dst = p.param.detach();
-      copy_into(dst, gathered_[b].narrow(0, p.offset, p.numel).view(p.param.sizes()));
+      copy_into(dst, gathered[b].narrow(0, p.offset, p.numel).view(p.param.sizes()));
     }
+    gathered[b] = Tensor();
+  };
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    gathered[b] = Tensor::empty({buckets[b].padded_numel}, DType::Float32,
+                                shard_in_[b].device());
+    work[b] = ddp_.comm()->all_gather(gathered[b], shard_in_[b], /*async_op=*/true);
+    if (b > 0) finish(b - 1);
   }
+  finish(buckets.size() - 1);
 }
 
 void DistributedOptimizer::zero_grad() {
@@ -227,6 +259,16 @@ void DistributedOptimizer::set_lr(double lr) {
   for (auto& g : groups_) g.lr = lr;
 }
 
+int64_t DistributedOptimizer::host_state_bytes() const {
+  if (!options_.offload) return 0;
+  int64_t bytes = 0;
+  for (const auto& pc : pieces_) {
+    bytes += static_cast<int64_t>(pc.master.nbytes() + pc.exp_avg.nbytes() +
+                                  pc.exp_avg_sq.nbytes() + pc.host_grad.nbytes());
+  }
+  return bytes;
+}
+
 int64_t DistributedOptimizer::optimizer_state_bytes() const {
   int64_t bytes = 0;
   for (const auto& pc : pieces_) {
@@ -284,8 +326,27 @@ void DistributedOptimizer::load_named_state(const std::map<std::string, Tensor>&
 void DistributedOptimizer::sync_master_from_params() {
   autograd::NoGradGuard no_grad;
   const auto& params = ddp_.params();
+  const auto& buckets = ddp_.buckets();
+  const int64_t r = ddp_.comm()->rank();
   for (auto& pc : pieces_) {
+    if (!options_.param_shards.empty()) {
+      const int64_t lo = r * buckets[pc.bucket].shard_numel;
+      copy_into(pc.master, shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel));
+      continue;
+    }
     copy_into(pc.master, params[pc.param].param.reshape({-1}).narrow(0, pc.start, pc.numel));
+  }
+}
+
+void DistributedOptimizer::write_masters_to_param_shards() {
+  TD_CHECK(!options_.param_shards.empty(),
+           "DistributedOptimizer.write_masters_to_param_shards: only under ZeRO-3");
+  autograd::NoGradGuard no_grad;
+  const auto& buckets = ddp_.buckets();
+  const int64_t r = ddp_.comm()->rank();
+  for (const auto& pc : pieces_) {
+    const int64_t lo = r * buckets[pc.bucket].shard_numel;
+    copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
   }
 }
 

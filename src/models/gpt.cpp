@@ -284,6 +284,9 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
 
 Tensor GPT::cast(const Tensor& p) const {
   if (!p.defined() || p.dtype() == config_.dtype) return p;
+  if (units_) {
+    if (auto c = units_->compute_param(p, config_.dtype)) return *c;  // gathered in dtype
+  }
   return to_dtype(p, config_.dtype);
 }
 
@@ -292,7 +295,12 @@ Tensor GPT::cast(const Tensor& p) const {
 Tensor GPT::norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
   const int64_t d = config_.d_model;
   const auto param = [&](const Tensor& p) {
-    return cast(sp && p.defined() ? parallel_->replicated(p) : p);
+    if (!sp || !p.defined()) return cast(p);
+    if (units_ && p.dtype() != config_.dtype) {
+      // ZeRO-3 gathering in the compute dtype: the fp32 weight holds no bytes, its copy does.
+      if (auto c = units_->compute_param(p, config_.dtype)) return parallel_->replicated(*c);
+    }
+    return cast(parallel_->replicated(p));
   };
   if (config_.arch == Arch::GPT2) return layer_norm(x, {d}, param(w), param(b), config_.norm_eps);
   return rms_norm(x, {d}, param(w), config_.norm_eps);
@@ -330,6 +338,8 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
                   bool sp, bool fuse_act) {
   const int tp = parallel_ ? parallel_->tp_size() : 1;
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
+  const int64_t unit = 2 + static_cast<int64_t>(layer);
+  use_unit(unit);
   Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp);
   const int64_t B = qkv.size(0), T = qkv.size(1);
   // One split, not three narrows: its backward writes the three gradients into one buffer
@@ -368,7 +378,7 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   const MlpActivation act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
   Tensor m = fuse_act ? row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act)
                       : row(mlp_activation(h, act), l.mlp_proj_w, l.mlp_proj_b, sp);
-  return add(r, maybe_dropout(m, sp));
+  return done_units({unit}, add(r, maybe_dropout(m, sp)));
 }
 
 void GPT::set_recompute(RecomputeOptions r) {
@@ -413,6 +423,8 @@ Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) 
   if (stage_.pre) {
     const Tensor& idx = input;
     const int64_t T = idx.size(1);
+    use_unit(0);
+    use_unit(1);
     // Embeddings are gathered from the fp32 tables and the [B, T, d] result is cast: fewer
     // bytes than casting the tables, and the scatter-add of their gradient stays fp32.
     x = parallel_ ? parallel_->embedding(idx, wte_, sp) : embedding(wte_, idx);
@@ -426,7 +438,7 @@ Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) 
       }
       x = add(x, pos);
     }
-    x = maybe_dropout(cast(x), sp);
+    x = done_units({0, 1}, maybe_dropout(cast(x), sp));
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Recompute mode = block_mode(i);
@@ -436,21 +448,30 @@ Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) 
       x = block(layers_[i], x, start, cache, i, sp, mode != Recompute::None);
     }
   }
+  if (stage_.post) use_unit(2 + static_cast<int64_t>(layers_.size()));  // ln_f; head() ends it
   return stage_.post ? norm(x, ln_f_w_, ln_f_b_, sp) : x;
 }
 
 Tensor GPT::head(const Tensor& h, const Tensor& targets, bool sp) {
-  if (parallel_) {
-    if (!targets.defined()) return parallel_->logits(h, cast(lm_head_), config_.vocab_size, sp);
-    return parallel_->loss(h, cast(lm_head_), targets, config_.vocab_size, kIgnoreIndex, sp);
-  }
-  if (!targets.defined()) return linear(h, cast(lm_head_));  // logits [B, T, V]
-  // Training: the head and the loss fused and chunked over tokens, so the [B*T, V] logits and
-  // their gradient never exist whole (Note [Chunked LM head]). The softmax over the vocabulary
-  // is taken in fp32 (a bf16 scalar loss would be rounded to 8 bits of mantissa).
-  const int64_t N = h.size(0) * h.size(1);
-  return linear_cross_entropy(h.reshape({N, h.size(2)}), cast(lm_head_), targets.reshape({N}),
-                              kIgnoreIndex);
+  const auto compute = [&]() -> Tensor {
+    if (parallel_) {
+      if (!targets.defined()) return parallel_->logits(h, cast(lm_head_), config_.vocab_size, sp);
+      return parallel_->loss(h, cast(lm_head_), targets, config_.vocab_size, kIgnoreIndex, sp);
+    }
+    if (!targets.defined()) return linear(h, cast(lm_head_));  // logits [B, T, V]
+    // Training: the head and the loss fused and chunked over tokens, so the [B*T, V] logits and
+    // their gradient never exist whole (Note [Chunked LM head]). The softmax over the vocabulary
+    // is taken in fp32 (a bf16 scalar loss would be rounded to 8 bits of mantissa).
+    const int64_t N = h.size(0) * h.size(1);
+    return linear_cross_entropy(h.reshape({N, h.size(2)}), cast(lm_head_), targets.reshape({N}),
+                                kIgnoreIndex);
+  };
+  // Note [GPT parameter units]: the head unit (ln_f, begun in hidden()) and the tied table's.
+  const int64_t u = 2 + static_cast<int64_t>(layers_.size());
+  const bool tied = config_.arch == Arch::GPT2;
+  use_unit(u);
+  if (tied) use_unit(0);
+  return tied ? done_units({u, 0}, compute()) : done_units({u}, compute());
 }
 
 Tensor GPT::forward_stage(const Tensor& input, const Tensor& targets) {
@@ -513,6 +534,8 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   const int64_t block = config_.block_size;
   TD_CHECK(B > 0 && T0 > 0, "GPT.generate: empty prompt ", describe(idx));
   TD_CHECK(max_new_tokens >= 0, "GPT.generate: max_new_tokens must be >= 0, got ", max_new_tokens);
+  TD_CHECK(units_ == nullptr, "GPT.generate: the parameters are sharded (ZeRO-3); generate from "
+           "a model loaded from the checkpoint");
   autograd::NoGradGuard ng;
   TrainingFlagGuard eval_mode(*this);
   Generator& g = gen ? *gen : default_generator();
@@ -560,6 +583,39 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   out.reserve(static_cast<size_t>(B) * seq[0].size());
   for (const auto& s : seq) out.insert(out.end(), s.begin(), s.end());
   return from_vector<int64_t>(out, {B, static_cast<int64_t>(seq[0].size())}).to(idx.device());
+}
+
+std::vector<nn::NamedTensors> GPT::param_units() const {
+  std::vector<nn::NamedTensors> units(3 + layers_.size());
+  for (auto& [name, p] : named_parameters()) {
+    if (name == "wte.weight") {
+      units[0].emplace_back(name, p);
+    } else if (name == "wpe.weight") {
+      units[1].emplace_back(name, p);
+    } else if (name.rfind("h.", 0) == 0) {
+      const int64_t i = std::stoll(name.substr(2, name.find('.', 2) - 2)) - stage_.first_layer;
+      units[2 + static_cast<size_t>(i)].emplace_back(name, p);
+    } else {
+      units.back().emplace_back(name, p);  // ln_f.*, lm_head.weight
+    }
+  }
+  return units;
+}
+
+void GPT::set_param_units(std::shared_ptr<ParamUnits> u, int64_t first_unit) {
+  TD_CHECK(units_ == nullptr, "GPT.set_param_units: parameter units are already installed");
+  units_ = std::move(u);
+  first_unit_ = first_unit;
+}
+
+void GPT::use_unit(int64_t k) const {
+  if (units_) units_->materialize(first_unit_ + k);
+}
+
+Tensor GPT::done_units(std::vector<int64_t> ks, const Tensor& y) const {
+  if (!units_) return y;
+  for (auto& k : ks) k += first_unit_;
+  return units_->release(ks, y);
 }
 
 std::vector<ParamGroup> GPT::param_groups(double weight_decay) const {

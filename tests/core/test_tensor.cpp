@@ -79,3 +79,32 @@ TEST(Allocator, CachesLargeBlocks) {
   s = memory_stats();
   EXPECT_EQ(s.reserved_bytes, s.current_bytes);
 }
+
+// Property (Note [Released storage]): releasing a storage returns its bytes to the allocator
+// while every tensor viewing it stays a valid handle; reading one is a td::Error that says the
+// storage is released; materialize() gives the same storage fresh bytes of the same size,
+// visible through every view, and refill() can install bytes owned elsewhere.
+TEST(Tensor, ReleasedStorageFreesBytesAndRefills) {
+  Tensor a = zeros({1000});
+  Tensor v = a.narrow(0, 10, 5);
+  const int64_t before = memory_stats().current_bytes;
+  a.storage().release();
+  EXPECT_TRUE(a.storage().released());
+  EXPECT_LE(memory_stats().current_bytes, before - 4000);
+  try {
+    (void)to_vector<float>(v);
+    FAIL() << "expected a td::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("released"), std::string::npos) << e.what();
+  }
+  a.storage().materialize();
+  EXPECT_FALSE(a.storage().released());
+  EXPECT_GE(memory_stats().current_bytes, before);
+  a.fill_(2.0);
+  EXPECT_EQ(sum(v).item<float>(), 10.0f);
+  Tensor owner = full({1000}, 3.0);
+  a.storage().refill(DataPtr(owner.data_ptr(), [keep = owner](void*) {}));
+  EXPECT_EQ(sum(v).item<float>(), 15.0f);
+  owner.fill_(1.0);  // the same bytes
+  EXPECT_EQ(sum(v).item<float>(), 5.0f);
+}

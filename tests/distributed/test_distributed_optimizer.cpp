@@ -5,10 +5,13 @@
 // data_parallel_test_util.h.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "data_parallel_test_util.h"
 #include "tardelli/distributed/distributed_optimizer.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
 
 namespace td::distributed {
 namespace {
@@ -171,6 +174,116 @@ TEST(ZeRO1, Misuse) {
             std::string::npos);
   DistributedOptimizer opt(ddp, groups);
   EXPECT_NE(msg([&] { opt.step(); }).find("call ddp.finish_grad_sync()"), std::string::npos);
+}
+
+// One step of rank r with two micro-batches (its two rows, each loss scaled by 1/2), then the
+// gradient sync; returns the local mean loss. The first micro-batch only accumulates (no_sync)
+// where the mode honours it.
+Tensor two_microbatch_step(models::GPT& model, DistributedDataParallel& ddp, const Batch& global,
+                           int r) {
+  double total = 0;
+  for (int m = 0; m < 2; ++m) {
+    Batch mb = global.rows(r * kRowsPerRank + m, 1);
+    Tensor loss = model.forward(mb.idx, mb.targets);
+    ddp.set_last_microbatch(m == 1);  // ZeRO-1 accumulates first; ZeRO-2 ignores it
+    mul(loss, 0.5).backward();
+    total += 0.5 * loss.item_double();
+  }
+  ddp.finish_grad_sync();
+  return full({1}, total);
+}
+
+DDPOptions zero2_options(int64_t bucket_bytes) {
+  DDPOptions o;
+  o.bucket_bytes = bucket_bytes;
+  o.reduce_scatter = true;
+  o.shard_grads = true;
+  return o;
+}
+
+// Property (ZeRO-2): with gradient accumulation over 2 micro-batches, every micro-batch
+// reduce-scatters every bucket (2 x buckets collectives per step), the full buckets are freed
+// after the step's reductions (only the fp32 shards, total / dp, stay allocated), and 3 steps
+// (clipping active) match 3 single-process steps on the whole batch: losses and norms at 1e-5,
+// parameters at kParamRtol (Note [DP tolerance]), bitwise identical on every rank; with tiny
+// buckets and with one bucket.
+TEST(ZeRO2, AccumulatedStepsMatchSingleProcess) {
+  CommPtr comm = world();
+  const int r = comm->rank(), n = comm->size();
+  for (int64_t bucket_bytes : {int64_t{4096}, int64_t{40'000'000}}) {
+    auto ref = tiny_gpt(models::Arch::Llama);
+    auto model = tiny_gpt(models::Arch::Llama);
+    optim::AdamWOptions ao;
+    ao.lr = 3e-3;
+    optim::AdamW ref_opt(dp_test::adamw_groups(*ref, 0.1), ao);
+    DistributedDataParallel ddp(model->named_parameters(), comm, zero2_options(bucket_bytes));
+    DistributedOptimizer opt(ddp, dp_test::adamw_groups(*model, 0.1), ao);
+    const auto nb = static_cast<int64_t>(ddp.buckets().size());
+    int64_t shard_bytes = 0;
+    for (const auto& bk : ddp.buckets()) shard_bytes += 4 * bk.shard_numel;
+    EXPECT_EQ(ddp.grad_buffer_bytes(), shard_bytes);
+    for (int step = 0; step < 3; ++step) {
+      Batch global = global_batch(kRowsPerRank * n, 40 + step);
+      const StepResult want = reference_step(*ref, ref_opt, global, 0.5);
+      opt.zero_grad();
+      const int64_t before = ddp.num_collectives();
+      Tensor loss = two_microbatch_step(*model, ddp, global, r);
+      EXPECT_EQ(ddp.num_collectives() - before, 2 * nb);
+      EXPECT_EQ(ddp.grad_buffer_bytes(), shard_bytes);
+      const double norm = opt.clip_grad_norm(0.5);
+      opt.step();
+      expect_step_matches(*comm, loss, norm, want, 0.5,
+                          "ZeRO-2 step " + std::to_string(step) + " bucket_bytes " +
+                              std::to_string(bucket_bytes));
+    }
+    expect_params_match_and_replicated(*comm, *model, *ref);
+  }
+}
+
+// Property (Note [Optimizer offload]): offload moves the state, not the arithmetic. ZeRO-1 and
+// ZeRO-2 with offload give parameters bitwise equal to the same runs without it after 3 steps
+// with accumulation and clipping (on the CPU backend both run the same kernels; a step that did
+// not copy the gradient to the host, or the masters back, would differ by O(lr)). The host
+// holds 16 bytes per shard element (master, both moments, the gradient copy) in tensors of
+// their own, none sharing storage with the device shards; without offload it holds none.
+TEST(Offload, BitwiseEqualToOnDevice) {
+  CommPtr comm = world();
+  const int r = comm->rank(), n = comm->size();
+  for (bool zero2 : {false, true}) {
+    auto a = tiny_gpt(models::Arch::Llama);
+    auto b = tiny_gpt(models::Arch::Llama);
+    DDPOptions o = zero2_options(4096);
+    o.shard_grads = zero2;
+    DistributedDataParallel ddp_a(a->named_parameters(), comm, o);
+    DistributedDataParallel ddp_b(b->named_parameters(), comm, o);
+    optim::AdamWOptions ao;
+    ao.lr = 3e-3;
+    DistributedOptimizer opt_a(ddp_a, dp_test::adamw_groups(*a, 0.1), ao);
+    DistributedOptimizer opt_b(ddp_b, dp_test::adamw_groups(*b, 0.1), ao, {.offload = true});
+    int64_t shard = 0;
+    for (const auto& pc : opt_b.pieces()) {
+      shard += pc.numel;
+      EXPECT_FALSE(pc.master.shares_storage(pc.grad) || pc.host_grad.shares_storage(pc.grad));
+    }
+    EXPECT_EQ(opt_b.host_state_bytes(), 16 * shard);
+    EXPECT_EQ(opt_a.host_state_bytes(), 0);
+    EXPECT_EQ(opt_b.optimizer_state_bytes(), opt_a.optimizer_state_bytes());
+    for (int step = 0; step < 3; ++step) {
+      Batch global = global_batch(kRowsPerRank * n, 60 + step);
+      using Run = std::tuple<models::GPT*, DistributedDataParallel*, DistributedOptimizer*>;
+      for (auto [m, d, opt] : std::vector<Run>{{a.get(), &ddp_a, &opt_a}, {b.get(), &ddp_b, &opt_b}}) {
+        opt->zero_grad();
+        two_microbatch_step(*m, *d, global, r);
+        opt->clip_grad_norm(0.5);
+        opt->step();
+      }
+    }
+    auto pa = a->named_parameters(), pb = b->named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(to_vector<float>(pa[i].second), to_vector<float>(pb[i].second))
+          << pa[i].first << (zero2 ? " (ZeRO-2)" : " (ZeRO-1)");
+    }
+  }
 }
 
 }  // namespace

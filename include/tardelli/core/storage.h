@@ -13,11 +13,21 @@ class StorageImpl {
   void* data() const { return data_.get(); }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool released() const { return released_; }
+
+  // Note [Released storage]: ZeRO-2/3 free the bytes of gradient buckets and parameters between
+  // uses while the tensors that view them (parameters, .grad views, tensors autograd saved for
+  // backward) stay valid handles. release() returns the bytes to the allocator; refill() gives
+  // the storage bytes again (same size and device; any values) before the next use. Reading a
+  // released tensor is a td::Error (Tensor::data_ptr), never a wild pointer.
+  void release();
+  void refill(DataPtr data);
 
  private:
   DataPtr data_;
   size_t nbytes_;
   Device device_;
+  bool released_ = false;
 };
 
 class Storage {
@@ -35,6 +45,15 @@ class Storage {
   bool defined() const { return impl_ != nullptr; }
   bool is_same(const Storage& o) const { return impl_ == o.impl_; }
   long use_count() const { return impl_.use_count(); }
+
+  // Note [Released storage]. release() is a no-op on a released storage; materialize()
+  // allocates fresh (uninitialized) bytes from the device's allocator when released;
+  // refill() installs bytes owned elsewhere (e.g. a view into a gathered flat buffer whose
+  // deleter keeps that buffer alive). Every tensor sharing this storage sees the change.
+  void release() const;
+  void materialize() const;
+  void refill(DataPtr data) const;
+  bool released() const { return impl_ && impl_->released(); }
 
  private:
   std::shared_ptr<StorageImpl> impl_;

@@ -34,6 +34,14 @@
 //   bucket (elements [rank*S, (rank+1)*S) of a bucket of padded size dp*S) holds the averaged
 //   gradient; the rest of the buffer holds this rank's local sum and must not be read. Use
 //   DistributedOptimizer (distributed_optimizer.h) for the update.
+// - ZeRO-2 mode (shard_grads=true, with reduce_scatter): Note [ZeRO-2 gradient shards] in
+//   data_parallel.cpp. Every micro-batch's buckets are reduce-scattered as they become ready
+//   (set_last_microbatch is ignored) and summed into a persistent fp32 shard per bucket
+//   (shard_grad(b)); the full bucket buffers are freed after each reduction and come back,
+//   zeroed, when the next gradient arrives. After finish_grad_sync() the .grad views must not be
+//   read (their storage is released); the shards hold the averaged gradient. Every rank's
+//   backward must reach the same parameters (a data-dependent unused parameter would make the
+//   ranks issue different collectives).
 // - Parameters must be fp32 leaves that require grad, listed once each (tied weights once).
 #include <cstdint>
 #include <memory>
@@ -50,6 +58,13 @@ struct DDPOptions {
   bool overlap = true;                // launch a bucket from the hook as soon as it is ready
   bool reduce_scatter = false;        // ZeRO-1: reduce_scatter instead of all_reduce
   bool average = true;                // mean over ranks (false: sum)
+  bool shard_grads = false;           // ZeRO-2 (needs reduce_scatter): per-micro-batch shards
+  // Parameters (by name) placed in a bucket of their own, e.g. the pipeline-tied embedding, so
+  // that its shard covers the same element range on every stage that holds a copy.
+  std::vector<std::string> own_bucket = {};
+  // Explicit buckets (ZeRO-3 units): indices into the parameter list, each parameter exactly
+  // once; overrides bucket_bytes and own_bucket. Launch order is this order.
+  std::vector<std::vector<size_t>> buckets = {};
 };
 
 // Where one parameter lives in the buckets.
@@ -67,6 +82,7 @@ struct Bucket {
   int64_t numel = 0;           // used elements (the rest is zero padding)
   int64_t padded_numel = 0;    // a multiple of the group size
   int64_t shard_numel = 0;     // padded_numel / group size: each rank's ZeRO-1 shard
+  Tensor grad_shard;           // ZeRO-2: this rank's summed gradient shard [shard_numel]
 };
 
 class DistributedDataParallel {
@@ -91,7 +107,15 @@ class DistributedDataParallel {
   bool grads_synced() const;
 
   // Zeros every bucket (and padding); the .grad views are kept. Waits for in-flight buckets.
+  // ZeRO-2: zeros the gradient shards and releases the bucket buffers.
   void zero_grad();
+
+  // This rank's averaged gradient shard of bucket b ([shard_numel] fp32), valid after
+  // finish_grad_sync() with reduce_scatter: ZeRO-1 a view of the bucket buffer at
+  // [rank*S, (rank+1)*S), ZeRO-2 the persistent shard.
+  Tensor shard_grad(size_t b) const;
+  // Bytes of gradient buffers allocated right now (buckets not released + ZeRO-2 shards).
+  int64_t grad_buffer_bytes() const;
 
   const CommPtr& comm() const;
   const DDPOptions& options() const;

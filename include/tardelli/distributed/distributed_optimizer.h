@@ -11,8 +11,8 @@
 // A shard may straddle parameters of different groups (weight decay on matrices, none on biases),
 // so it is split into per-parameter pieces, and step() runs the fused td::adamw_step over the
 // pieces of each group with that group's hyperparameters. The updated masters are then
-// all-gathered bucket by bucket (all gathers are started, then waited for in order) and copied
-// into the parameter tensors, so every rank ends the step with identical parameters.
+// all-gathered bucket by bucket (two gathers in flight at a time, Note [Parameter all-gather])
+// and copied into the parameter tensors, so every rank ends the step with identical parameters.
 //
 // Every DDP parameter must belong to exactly one group. The step count is one per optimizer (every
 // parameter has a gradient, a view of its bucket, on every step: it is never None).
@@ -33,6 +33,21 @@
 
 namespace td::distributed {
 
+// What else the sharded optimizer does besides ZeRO-1 (both compose with ZeRO-2 gradients,
+// which it reads through ddp.shard_grad()).
+struct ShardedOptimizerOptions {
+  // Note [Optimizer offload]: the fp32 master weights, both moments and a gradient copy of this
+  // rank's shard live in host memory (kCPU; pinned on a CUDA build once td has pinned host
+  // allocations); step() copies the shard's gradient to the host, runs the fused CPU
+  // td::adamw_step there and copies the updated masters back to the device shard it gathers
+  // from. Device memory then holds no optimizer state at all.
+  bool offload = false;
+  // ZeRO-3: per DDP bucket, this rank's parameter shard ([shard_numel] on the parameters'
+  // device, owned by FullyShardedDataParallel). step() writes the updated masters there and
+  // does not all-gather: the parameters are gathered when next used.
+  std::vector<Tensor> param_shards = {};
+};
+
 class DistributedOptimizer {
  public:
   // One contiguous piece of this rank's shard: elements [start, start + numel) of the flattened
@@ -44,15 +59,17 @@ class DistributedOptimizer {
     int64_t start = 0;
     int64_t numel = 0;
     int64_t bucket_offset = 0;
-    Tensor master, exp_avg, exp_avg_sq;  // fp32 [numel]
-    Tensor grad;                         // fp32 [numel], a view of the bucket
+    Tensor master, exp_avg, exp_avg_sq;  // fp32 [numel] (host memory under offload)
+    Tensor grad;                         // fp32 [numel], a view of ddp.shard_grad(bucket)
+    Tensor host_grad;                    // offload: the gradient's host copy [numel]
   };
 
   // `groups` hold DDP parameters with optional lr / weight_decay and AdamW option keys "beta1",
   // "beta2", "eps" (as optim::AdamW); unset values come from `defaults`. The DDP must use
   // reduce_scatter=true and outlive the optimizer.
   DistributedOptimizer(DistributedDataParallel& ddp, std::vector<optim::ParamGroup> groups,
-                       const optim::AdamWOptions& defaults = {});
+                       const optim::AdamWOptions& defaults = {},
+                       ShardedOptimizerOptions options = {});
 
   // One AdamW update of this rank's shard, then the all-gather of the parameters. Requires
   // ddp.finish_grad_sync() since the last backward (td::Error otherwise).
@@ -82,25 +99,31 @@ class DistributedOptimizer {
   std::vector<optim::ParamGroup>& param_groups() { return groups_; }
   const std::vector<optim::ParamGroup>& param_groups() const { return groups_; }
 
-  // Bytes of this rank's master weights and both moments.
+  // Bytes of this rank's master weights and both moments (wherever they live).
   int64_t optimizer_state_bytes() const;
+  // Of those (plus the offload gradient copy), the bytes held in host memory under offload.
+  int64_t host_state_bytes() const;
+  bool offloaded() const { return options_.offload; }
   int64_t step_count() const { return step_; }
   const std::vector<Piece>& pieces() const { return pieces_; }
 
   // Note [ZeRO-1 state names].
   std::map<std::string, Tensor> named_state() const;
   void load_named_state(const std::map<std::string, Tensor>& state);
-  // Re-copies the masters from the parameters (after parameters were loaded from elsewhere).
+  // Re-copies the masters from the parameters (after parameters were loaded from elsewhere);
+  // ZeRO-3: from the parameter shards.
   void sync_master_from_params();
+  // ZeRO-3: writes the masters into the parameter shards (after load_named_state).
+  void write_masters_to_param_shards();
 
  private:
   double local_sum_of_squares() const;
 
   DistributedDataParallel& ddp_;
+  ShardedOptimizerOptions options_;
   std::vector<optim::ParamGroup> groups_;
   std::vector<Piece> pieces_;
-  std::vector<Tensor> shard_in_;  // per bucket: this rank's updated shard [shard_numel]
-  std::vector<Tensor> gathered_;  // per bucket: all ranks' shards [padded_numel]
+  std::vector<Tensor> shard_in_;  // per bucket: this rank's updated shard (ZeRO-3: the params')
   int64_t step_ = 0;
   CommPtr model_parallel_;
   std::vector<bool> counted_;  // per DDP parameter (empty: all count)

@@ -43,6 +43,7 @@
 #include "tardelli/models/gpt_config.h"
 #include "tardelli/models/gpt_parallelism.h"
 #include "tardelli/models/recompute.h"
+#include "tardelli/models/param_units.h"
 #include "tardelli/nn/module.h"
 #include "tardelli/nn/shard_spec.h"
 
@@ -139,6 +140,17 @@ class GPT : public nn::Module {
   // The full (logical) shape of parameter `name` (the vocabulary tables unpadded).
   Shape full_shape(const std::string& name) const;
 
+  // Note [GPT parameter units]: the parameters in the groups a sharding layer materializes
+  // together (models/param_units.h), in forward order: unit 0 wte.weight, unit 1 wpe.weight,
+  // unit 2 + i this model's i-th block (all of h.{first_layer + i}.*), unit 2 + num_layers the
+  // head (ln_f, and llama's untied lm_head). Units a stage or architecture lacks are empty.
+  // The tied gpt2 head uses unit 0 again. wte is a unit of its own so that a pipeline's copy
+  // of it on the last stage is laid out like the first stage's.
+  std::vector<nn::NamedTensors> param_units() const;
+  // Installs `u`: forward calls u->materialize(first_unit + k) / u->release(...) around unit k.
+  // generate() is then unavailable (it keeps the head across calls).
+  void set_param_units(std::shared_ptr<ParamUnits> u, int64_t first_unit = 0);
+
  private:
   struct Layer {
     Tensor ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;
@@ -178,8 +190,13 @@ class GPT : public nn::Module {
   std::vector<Layer> layers_;
   Tensor rope_cos_, rope_sin_;  // llama: fp32 [block_size, hd/2]
   Generator dropout_gen_;
+  void use_unit(int64_t k) const;  // Note [GPT parameter units]
+  Tensor done_units(std::vector<int64_t> ks, const Tensor& y) const;
+
   std::shared_ptr<GPTParallelism> parallel_;  // null: one device
   RecomputeOptions recompute_;
+  std::shared_ptr<ParamUnits> units_;         // null: parameters always full
+  int64_t first_unit_ = 0;
   std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
 };
 

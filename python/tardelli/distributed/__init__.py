@@ -18,6 +18,7 @@ import os as _os
 from .. import _api, _C
 from . import nn  # noqa: F401
 from .data_parallel import DistributedDataParallel, DistributedOptimizer  # noqa: F401,E402
+from .data_parallel import FullyShardedDataParallel  # noqa: F401,E402
 from . import tensor_parallel  # noqa: F401,E402
 from .tensor_parallel import (  # noqa: F401,E402
     ColumnParallelLinear, RngTracker, RowParallelLinear, VocabParallelEmbedding, padded_vocab_size,
@@ -266,4 +267,5 @@ __all__ = [
     "pipeline", "pipeline_parallel", "tensor_parallel", "ColumnParallelLinear",
     "RowParallelLinear", "VocabParallelEmbedding", "RngTracker", "padded_vocab_size",
     "vocab_parallel_cross_entropy", "DistributedDataParallel", "DistributedOptimizer",
+    "FullyShardedDataParallel",
 ]

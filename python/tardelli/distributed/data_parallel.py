@@ -16,6 +16,12 @@
         opt.clip_grad_norm(1.0)
         opt.step()
 
+zero=2 (ZeRO-2) also shards the gradients: every micro-batch reduce-scatters each bucket into
+persistent shards (no_sync has no effect) and the full buckets are freed. ZeRO-3 shards the
+parameters too: fsdp = FullyShardedDataParallel(model); opt = DistributedOptimizer(fsdp, ...);
+then fsdp.zero_grad() / fsdp.finish_grad_sync() as above. DistributedOptimizer(...,
+offload=True) keeps the shard's optimizer state in host memory (docs/memory.md).
+
 Without ZeRO (zero=False) use any optimizer on the full parameters after finish_grad_sync(),
 e.g. td.optim.AdamW, but zero gradients with ddp.zero_grad() (or zero_grad(set_to_none=False)):
 every .grad is a view of a bucket and must never be set to None. The C++ classes
@@ -59,17 +65,28 @@ class DistributedDataParallel:
     """
 
     def __init__(self, module_or_params, group=None, bucket_mb=40, zero=False, overlap=True,
-                 average=True):
+                 average=True, own_bucket=()):
         if bucket_mb <= 0:
             raise _C.TardelliError(f"DistributedDataParallel: bucket_mb must be > 0, got {bucket_mb}")
+        stage = int(zero)
+        if stage not in (0, 1, 2):
+            raise _C.TardelliError(f"DistributedDataParallel: zero must be 0, 1 or 2, got {zero} "
+                                   "(ZeRO-3: td.distributed.FullyShardedDataParallel)")
         self.module = module_or_params if hasattr(module_or_params, "named_parameters") else None
         self.group = _default_group(group)
-        self.zero = bool(zero)
+        self.zero = stage
         named = _named_params(module_or_params)
         self.param_names = [n for n, _ in named]  # DDP order (the C++ params() order)
         self._cpp = _D.DistributedDataParallel(
             named, self.group, max(1, int(round(bucket_mb * 1e6))),
-            bool(overlap), self.zero, bool(average))
+            bool(overlap), stage >= 1, bool(average), stage == 2, list(own_bucket))
+
+    @classmethod
+    def _from_cpp(cls, cpp, names, group, zero, module=None):
+        self = cls.__new__(cls)
+        self.module, self.group, self.zero, self.param_names, self._cpp = \
+            module, group, zero, names, cpp
+        return self
 
     def __call__(self, *args, **kwargs):
         if self.module is None:
@@ -138,12 +155,18 @@ class DistributedOptimizer:
     """
 
     def __init__(self, ddp, param_groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=1e-2):
+                 weight_decay=1e-2, offload=False):
+        param_shards = []
+        if isinstance(ddp, FullyShardedDataParallel):
+            param_shards = ddp.param_shards()
+            ddp = ddp.ddp
         if not isinstance(ddp, DistributedDataParallel):
-            raise TypeError("DistributedOptimizer: expected a td.distributed.DistributedDataParallel")
+            raise TypeError("DistributedOptimizer: expected a td.distributed.DistributedDataParallel "
+                            "or FullyShardedDataParallel")
         if not ddp.zero:
             raise _C.TardelliError("DistributedOptimizer: the DistributedDataParallel must be "
                                    "built with zero=True")
+        self.offload = bool(offload)
         groups = list(param_groups)
         if groups and not isinstance(groups[0], dict):
             groups = [{"params": groups}]
@@ -161,7 +184,8 @@ class DistributedOptimizer:
                           {"beta1": float(b1), "beta2": float(b2), "eps": float(g["eps"])}))
             self.param_groups.append(g)
         self._cpp = _D.DistributedOptimizer(ddp._cpp, specs, float(lr), float(betas[0]),
-                                            float(betas[1]), float(eps), float(weight_decay))
+                                            float(betas[1]), float(eps), float(weight_decay),
+                                            self.offload, param_shards)
 
     def _push_hyperparameters(self):
         for i, g in enumerate(self.param_groups):
@@ -203,6 +227,14 @@ class DistributedOptimizer:
         """Bytes of this rank's master weights and moments (~ 12 * numel / dp)."""
         return self._cpp.optimizer_state_bytes()
 
+    def host_state_bytes(self):
+        """With offload: the bytes of state (and gradient copy) held in host memory."""
+        return self._cpp.host_state_bytes()
+
+    def write_masters_to_param_shards(self):
+        """ZeRO-3: the parameter shards take the master weights' values (after loading)."""
+        self._cpp.write_masters_to_param_shards()
+
     def state_dict(self):
         """This rank's shard: "<param>.{master,exp_avg,exp_avg_sq}[a:b]" -> tensor, and "step"."""
         return dict(self._cpp.named_state())
@@ -211,4 +243,55 @@ class DistributedOptimizer:
         self._cpp.load_named_state(dict(state))
 
 
-__all__ = ["DistributedDataParallel", "DistributedOptimizer"]
+class FullyShardedDataParallel:
+    """ZeRO-3: every parameter of `chunks` (a td.models.GPT or a list of this rank's pipeline
+    chunks) is sharded over `group` between uses; each block is all-gathered before its forward
+    and its backward (the next one prefetched) and freed after; gradients are reduce-scattered
+    per block into fp32 shards (include/tardelli/distributed/fully_sharded.h); a bf16 model's
+    blocks are gathered in bf16 (compute_dtype_gathers). Use with
+    DistributedOptimizer(fsdp, ...). `.ddp` is the gradient side (zero_grad, finish_grad_sync)."""
+
+    def __init__(self, chunks, group=None, prefetch=True, compute_dtype_gathers=True):
+        models = list(chunks) if isinstance(chunks, (list, tuple)) else [chunks]
+        self.group = _default_group(group)
+        self.zero = 3
+        self._cpp = _D.FullyShardedDataParallel.shard([m._cpp for m in models], self.group,
+                                                      bool(prefetch),
+                                                      bool(compute_dtype_gathers))
+        names = [n for m in models for unit in m._cpp.param_units() for n, _ in unit]
+        self.ddp = DistributedDataParallel._from_cpp(self._cpp.ddp(), names, self.group, 2)
+        self.param_names = names
+
+    def param_shards(self):
+        return self._cpp.param_shards()
+
+    def full_parameters(self):
+        """name -> full parameter (a collective over the group)."""
+        return dict(self._cpp.full_parameters())
+
+    def load_full_parameters(self, full):
+        self._cpp.load_full_parameters(dict(full))
+
+    def zero_grad(self, set_to_none=False):
+        self.ddp.zero_grad(set_to_none)
+
+    def finish_grad_sync(self):
+        self.ddp.finish_grad_sync()
+
+    def no_sync(self, enabled=True):
+        return self.ddp.no_sync(enabled)
+
+    def gathered_bytes(self):
+        return self._cpp.gathered_bytes()
+
+    def peak_gathered_bytes(self):
+        return self._cpp.peak_gathered_bytes()
+
+    def reset_peak_gathered_bytes(self):
+        self._cpp.reset_peak_gathered_bytes()
+
+    def num_gathers(self):
+        return self._cpp.num_gathers()
+
+
+__all__ = ["DistributedDataParallel", "DistributedOptimizer", "FullyShardedDataParallel"]

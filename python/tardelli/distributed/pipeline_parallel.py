@@ -105,6 +105,9 @@ class PipelineRuntime:
             coords = grid.coords
             color = coords.tp + grid.dims.tp * coords.dp if on_end else -1
             self.embedding_group = w.split(color, w.rank, f"embedding{max(color, 0)}")
+        # False under ZeRO-2/3: the trainer sums the gradient shards instead
+        # (sync_tied_embedding_shard), since the full gradients are gone after each micro-batch.
+        self.sync_tied_grads = True
         self.timeline = []  # [(kind, microbatch, chunk, start, end)] of the last step (epoch s)
         self.last_stats = {}
 
@@ -180,7 +183,7 @@ class PipelineRuntime:
         for _, work in self._pending:
             work.wait()
         self._pending = []
-        if self.embedding_group is not None:
+        if self.embedding_group is not None and self.sync_tied_grads:
             self._sync_tied_embedding()
         total = time.time() - t0
         self.last_stats = {"step_s": total, "busy_s": busy,
@@ -217,6 +220,18 @@ class PipelineRuntime:
         if self.pp > 1:
             self.pp_group.all_reduce(mean, "sum")
         return mean.item()
+
+    def sync_tied_embedding_shard(self, ddp):
+        """ZeRO-2/3 (after ddp.finish_grad_sync()): the tied table's gradient lives in dp shards;
+        wte.weight is a bucket of its own on both stages (own_bucket / its own ZeRO-3 unit), so
+        the two stages' shards cover the same elements and are summed like the full gradient."""
+        if self.embedding_group is None:
+            return
+        for b, (params, _, _) in enumerate(ddp._cpp.bucket_shard_ranges()):
+            if [n for n, _, _ in params] == ["wte.weight"]:
+                self.embedding_group.all_reduce(ddp._cpp.shard_grad(b), "sum")
+                return
+        raise RuntimeError("pipeline: no gradient bucket holds wte.weight alone")
 
     def _sync_tied_embedding(self):
         for ch in self.chunks:

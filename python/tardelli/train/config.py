@@ -82,7 +82,11 @@ class TrainConfig:
     trace: str = field(default="", metadata=dict(
         help="with --pp: write the last step's pipeline timeline (Chrome trace JSON) and a PNG"))
     zero: int = field(default=0, metadata=dict(
-        help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks"))
+        help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks, "
+             "2 = + gradients sharded, 3 = + parameters sharded (FSDP); docs/memory.md"))
+    offload_optimizer: bool = field(default=False, metadata=dict(
+        help="with --zero 1/2/3: master weights and AdamW moments in host memory, the AdamW "
+             "step on the CPU"))
     recompute: str = field(default="selective", metadata=dict(
         help="activation recomputation: none | selective (the MLP activation) | full (each "
              "block from its input); never changes losses (docs/memory.md)"))
@@ -217,7 +221,13 @@ def validate(cfg, dp_size=1):
                  "eval_interval", "eval_steps", "save_interval", "exit_interval"):
         need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
              f"got {getattr(cfg, name)}")
-    need(cfg.zero in (0, 1), f"--zero must be 0 or 1, got {cfg.zero}")
+    need(cfg.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {cfg.zero}")
+    need(not cfg.offload_optimizer or cfg.zero >= 1,
+         "--offload-optimizer needs --zero 1, 2 or 3: the offloaded state is the sharded "
+         "distributed optimizer's (as in DeepSpeed and Megatron)")
+    need(cfg.zero < 2 or cfg.schedule != "zb",
+         f"--zero {cfg.zero} with --schedule zb is not supported yet (the deferred weight "
+         "gradients would arrive after the per-micro-batch gradient reduce-scatter)")
     need(cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:"),
          f"--device: expected cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.device != "cpu":

@@ -7,8 +7,12 @@
         model.safetensors       every parameter by its GPT name (fp32 master weights)
         optimizer.safetensors   "<param>.exp_avg", "<param>.exp_avg_sq"; __metadata__
                                 "optimizer": groups (parameter names, hyperparameters), steps
-        optimizer.rankNNNNN.safetensors   instead, with --zero 1: each rank's shard (fp32
-                                master and moment slices), one file per rank
+        optimizer.rankNNNNN.safetensors   instead, with --zero 1/2/3: each rank's shard (fp32
+                                master and moment slices), one file per rank. Under ZeRO-3
+                                the masters are the parameter shards' values, so resuming
+                                writes them back into the shards; the model file holds the
+                                full parameters, gathered at save time (generate/export work
+                                unchanged)
         model.tpNN.safetensors  instead of model.safetensors with --tp > 1: tensor-parallel
                                 rank NN's shards under the GPT names; __metadata__ "tp" gives
                                 each one's place in the full tensor (ShardSpec) and that
@@ -130,25 +134,27 @@ def assemble_full_state(reader):
     return full
 
 
-def _zero_tensors(opt, rank, size):
-    """(tensors, metadata) of this rank's ZeRO-1 shard: named master/moment slices."""
+def _zero_tensors(opt, rank, size, stage=1):
+    """(tensors, metadata) of this rank's ZeRO shard: named master/moment slices."""
     tensors, other = {}, {}
     for k, v in opt.state_dict().items():
         if isinstance(v, td.Tensor):
             tensors[k] = v
         else:
             other[k] = v
-    return tensors, {"zero": json.dumps({"stage": 1, "rank": rank, "dp": size,
+    return tensors, {"zero": json.dumps({"stage": stage, "rank": rank, "dp": size,
                                          "scalars": other})}
 
 
 def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
-         world=None, loss_scaler=None):
+         world=None, loss_scaler=None, params=None):
     """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
     Data parallel: rank 0 writes the model (replicated) and the metadata; with ZeRO-1 every
     rank also writes its optimizer shard (Note [Sharded saving] in checkpoint.h: rank 0
     prepares the directory, then the others join, then rank 0 commits). `loss_scaler`: the fp16
-    run's td._C.DynamicLossScaler, whose state goes into meta.json ("loss_scaler")."""
+    run's td._C.DynamicLossScaler, whose state goes into meta.json ("loss_scaler"). `params`:
+    the parameters to write instead of the model's (ZeRO-3: FullyShardedDataParallel.
+    full_parameters(), gathered by every rank before the call)."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     sharded = bool(cfg.zero)
     first = _chunks(model)[0]
@@ -175,17 +181,17 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     if rank != 0 and writer_id is not None:
         writer = td.checkpoint.CheckpointWriter(path, writer_id)
     if sharded:
-        tensors, metadata = _zero_tensors(opt, rank, size)
+        tensors, metadata = _zero_tensors(opt, rank, size, int(cfg.zero))
         writer.write_tensors(_shard_file(rank), tensors, metadata)
     if split and dp_first:
-        writer.write_tensors(_tp_file("model", tp_rank, shard_pp), dict(_named_params(model)),
-                             _tp_metadata(model))
+        writer.write_tensors(_tp_file("model", tp_rank, shard_pp),
+                             params or dict(_named_params(model)), _tp_metadata(model))
         if not sharded:
             tensors, metadata = _optimizer_tensors(model, opt)
             writer.write_tensors(_tp_file("optimizer", tp_rank, shard_pp), tensors, metadata)
     if rank == 0:
         if not split:
-            writer.write_tensors("model.safetensors", dict(_named_params(model)))
+            writer.write_tensors("model.safetensors", params or dict(_named_params(model)))
             if not sharded:
                 writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
         if tokenizer_dir:
@@ -230,11 +236,12 @@ def load_model(path):
     return model, reader
 
 
-def load(path, model, opt, cfg, world=None):
+def load(path, model, opt, cfg, world=None, fsdp=None):
     """Restores model, optimizer and RNG state from the step directory `path` into freshly
     built objects; refuses a checkpoint of another model (naming every differing field).
     Returns {"step", "consumed_samples", "loss_scaler"} (the last None when the checkpoint
-    holds no fp16 loss-scaler state)."""
+    holds no fp16 loss-scaler state). fsdp: the ZeRO-3 wrapper, whose shards take the
+    parameters (the model's own tensors hold no values between uses)."""
     reader = td.checkpoint.CheckpointReader(path)
     reader.verify()
     meta = reader.meta()
@@ -268,7 +275,11 @@ def load(path, model, opt, cfg, world=None):
     pp_rank = rank // (first.tp_size * (world.size // (first.tp_size * cfg.pp))) \
         if world is not None else 0
     shard_pp = pp_rank if cfg.pp > 1 else None
-    if not split:
+    if fsdp is not None:
+        _load_sharded_model(reader, path, model, fsdp,
+                            _tp_file("model", first.tp_rank, shard_pp) if split else
+                            "model.safetensors", split)
+    elif not split:
         td.checkpoint.load_model_state(reader, model)
     else:
         _load_tp_model(reader, path, model, _tp_file("model", first.tp_rank, shard_pp))
@@ -277,11 +288,14 @@ def load(path, model, opt, cfg, world=None):
         saved_world = par.get("world", par.get("dp", 1))
         if saved_world != size:
             raise C.ConfigError(
-                f"--resume: {path} holds ZeRO-1 optimizer shards of {saved_world} ranks but "
-                f"this run has {size}; resharding is not supported yet")
+                f"--resume: {path} holds ZeRO-{cfg.zero} optimizer shards of {saved_world} "
+                f"ranks but this run has {size}; resharding is not supported yet")
         shard = dict(reader.read_tensors(_shard_file(rank)))
         shard.update(json.loads(reader.read_metadata(_shard_file(rank))["zero"])["scalars"])
         opt.load_state_dict(shard)
+        if fsdp is not None:
+            # The masters are bitwise the parameter shards' values at save time.
+            opt.write_masters_to_param_shards()
     else:
         _load_optimizer(reader, path, model, opt,
                         _tp_file("optimizer", first.tp_rank, shard_pp) if split else
@@ -291,6 +305,34 @@ def load(path, model, opt, cfg, world=None):
         first.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
     return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"],
             "loss_scaler": meta.get("loss_scaler")}
+
+
+def _load_sharded_model(reader, path, model, fsdp, f, split):
+    """ZeRO-3: the checkpoint's parameters (full, or this tp rank's shards) into the FSDP
+    shards, after the same name (and shard layout) checks as the replicated loaders."""
+    tensors = dict(reader.read_tensors(f))
+    names = set(fsdp.param_names)
+    if set(tensors) != names:
+        raise C.ConfigError(f"--resume: {path}/{f}: parameter names differ (missing "
+                            f"{sorted(names - set(tensors))}, unexpected "
+                            f"{sorted(set(tensors) - names)})")
+    if split:
+        info = json.loads(reader.read_metadata(f)["tp"])
+        owner = {n: ch for ch in _chunks(model) for n, _ in ch._cpp.named_parameters()}
+        for n in tensors:
+            if info["shards"][n] != owner[n].shard_spec(n):
+                raise C.ConfigError(f"--resume: {path}/{f}: '{n}' is the shard "
+                                    f"{info['shards'][n]} but this run's layout needs "
+                                    f"{owner[n].shard_spec(n)}")
+        saved = {tuple(c["stage"]): c for c in info.get("chunks", [])}
+        for ch in _chunks(model):
+            c = saved.get(tuple(ch.stage))
+            if c is not None:
+                _set_gen(ch.dropout_generator, c.get("dropout"))
+                _set_gen(ch.split_generator, c.get("split_rng"))
+            elif "split_rng" in info:
+                _set_gen(ch.split_generator, info["split_rng"])
+    fsdp.load_full_parameters(tensors)
 
 
 def _load_tp_model(reader, path, model, f):

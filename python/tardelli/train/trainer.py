@@ -262,16 +262,23 @@ def train(cfg, world=None, out=print):
     mp_group = None
     if cfg.tp > 1 or cfg.pp > 1:
         mp_group = grid.group("tp-pp") if cfg.pp > 1 else grid.tp()
-    ddp = None
-    if world is not None:
+    ddp = fsdp = None
+    if world is not None and cfg.zero == 3:
+        # ZeRO-3: parameters sharded over dp between uses, gathered per block (fully_sharded.h).
+        fsdp = dist.FullyShardedDataParallel(chunks, group=grid.dp())
+        ddp = fsdp.ddp
+    elif world is not None:
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
         # into them, never set to None); a bucket's reduction starts as soon as backward has
-        # produced its last gradient, and only on the last micro-batch of a step.
-        ddp = dist.DistributedDataParallel(named, group=grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
-                                           zero=bool(cfg.zero))
+        # produced its last gradient, and only on the last micro-batch of a step (ZeRO-2: on
+        # every micro-batch, into persistent gradient shards).
+        ddp = dist.DistributedDataParallel(
+            named, group=grid.dp(), bucket_mb=cfg.ddp_bucket_mb, zero=cfg.zero,
+            own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
     if cfg.zero:
-        opt = dist.DistributedOptimizer(ddp, groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                        eps=cfg.eps)
+        opt = dist.DistributedOptimizer(fsdp or ddp, groups, lr=cfg.lr,
+                                        betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                        offload=cfg.offload_optimizer)
         if mp_group is not None:
             opt.set_model_parallel(chunks, mp_group)
     else:
@@ -292,6 +299,7 @@ def train(cfg, world=None, out=print):
     if cfg.pp > 1:
         pipe = pipe_mod.PipelineRuntime(chunks, grid, cfg.schedule, accum, cfg.micro_batch_size,
                                         cfg.seq_len)
+        pipe.sync_tied_grads = cfg.zero < 2
 
     start_step, consumed = 0, 0
     resumed_from = None
@@ -301,7 +309,7 @@ def train(cfg, world=None, out=print):
             if is_main:
                 out(f"train: --resume: no checkpoint under {cfg.save}; starting from scratch")
         else:
-            info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world)
+            info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp)
             start_step, consumed = info["step"], info["consumed_samples"]
             resumed_from = latest
             if scaler is not None and info["loss_scaler"] is not None:
@@ -323,7 +331,8 @@ def train(cfg, world=None, out=print):
         out(f"train: {cfg.arch} {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, "
             f"vocab {data.vocab_size}, {n_params / 1e6:.2f}M parameters, {cfg.dtype}; "
             f"global batch {global_batch} x {cfg.seq_len} tokens ({accum} micro-batches of "
-            f"{cfg.micro_batch_size} x dp {dp_size}{', ZeRO-1' if cfg.zero else ''}"
+            f"{cfg.micro_batch_size} x dp {dp_size}{f', ZeRO-{cfg.zero}' if cfg.zero else ''}"
+            f"{' + optimizer offload' if cfg.offload_optimizer else ''}"
             f"{f', tp {cfg.tp}' if cfg.tp > 1 else ''}"
             f"{' + sequence parallel' if cfg.sequence_parallel else ''}"
             f"{f', pp {cfg.pp} ({cfg.schedule}, vpp {cfg.vpp})' if cfg.pp > 1 else ''}); "
@@ -372,6 +381,8 @@ def train(cfg, world=None, out=print):
                     loss_sum += loss.item()
             if ddp is not None:
                 ddp.finish_grad_sync()
+                if pipe is not None and cfg.zero >= 2:
+                    pipe.sync_tied_embedding_shard(ddp)
             max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
             applied = True
             if scaler is not None:
@@ -443,7 +454,8 @@ def train(cfg, world=None, out=print):
                              (cfg.save_interval and step % cfg.save_interval == 0)):
                 parts = chunks if cfg.pp > 1 else model
                 path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
-                                 loader.consumed_samples, data.tokenizer_dir, world, scaler)
+                                 loader.consumed_samples, data.tokenizer_dir, world, scaler,
+                                 fsdp.full_parameters() if fsdp is not None else None)
                 if is_main:
                     progress.write(f"train: saved {path}")
             if exiting:
@@ -460,9 +472,13 @@ def train(cfg, world=None, out=print):
     if last is not None:
         summary.update(loss=last["loss"], mfu=flops_per_step * (step - start_step) /
                        max(t_train, 1e-9) / peak, peak_mem_bytes=peak_rank,
-                       peak_mem_bytes_max_rank=peak_max_rank)
+                       peak_mem_bytes_max_rank=peak_max_rank,
+                       mem_current_bytes=td.memory_stats(mem_device)["current_bytes"])
         if cfg.zero:
+            summary["zero"] = cfg.zero
             summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
+            summary["host_state_bytes"] = opt.host_state_bytes()
+            summary["grad_buffer_bytes"] = ddp._cpp.grad_buffer_bytes()
     if scaler is not None:
         summary["loss_scale"] = scaler.scale
         summary["skipped_steps"] = scaler.skipped_steps
