@@ -379,4 +379,20 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
   return out;
 }
 
+Tensor context_parallel_loss_mean(const Tensor& local_mean, const dist::CommPtr& cp) {
+  ops::check_defined(local_mean, "context_parallel_loss_mean", "loss");
+  TD_CHECK(cp != nullptr, "context_parallel_loss_mean: the cp communicator is null");
+  if (cp->size() == 1) return local_mean;
+  Tensor out = dist::all_reduce_copy(local_mean, cp, dist::ReduceOp::Avg);
+  if (needs_grad({local_mean})) {
+    record("ContextParallelLossMeanBackward", {local_mean}, {&out},
+           [shape = local_mean.sizes(), dt = local_mean.dtype(),
+            dev = local_mean.device()](const TensorList& g, const auto&) {
+             return TensorList{g[0].defined() ? g[0].detach()
+                                              : zeros(shape, TensorOptions{dt, dev, false})};
+           });
+  }
+  return out;
+}
+
 }  // namespace td::parallel

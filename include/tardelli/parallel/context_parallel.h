@@ -55,4 +55,13 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
                                   CPComm comm = CPComm::Ring,
                                   std::optional<double> scale = std::nullopt);
 
+// Note [Context-parallel loss]: each cp rank's loss is the mean over its own tokens; every rank
+// holds the same number of them, so the mean over the whole sequence is the average of the
+// ranks' means. Forward: that average (all-reduce, every rank sees the full loss). Backward:
+// the identity, so each rank's gradients are those of its local mean; the data-parallel
+// reduction, run over the dp x cp group (Megatron's dp-cp group) and averaging, then gives the
+// gradient of the global mean. Exact when every rank counts the same number of targets (no
+// ignore_index, as in packed pretraining data).
+Tensor context_parallel_loss_mean(const Tensor& local_mean, const distributed::CommPtr& cp);
+
 }  // namespace td::parallel
