@@ -64,6 +64,8 @@ CASES = [
     (4, "gpt2", ["--cp", "2", "--tp", "2", "--sequence-parallel", "--micro-batch-size", "8"]),
     (4, "llama", ["--cp", "2", "--tp", "2", "--sequence-parallel", "--micro-batch-size", "8"]),
     (4, "gpt2", ["--cp", "2", "--pp", "2", "--micro-batch-size", "4"]),
+    (4, "gpt2", ["--cp", "2", "--pp", "2", "--schedule", "gpipe", "--micro-batch-size", "4"]),
+    (4, "gpt2", ["--cp", "2", "--pp", "2", "--schedule", "zb", "--micro-batch-size", "4"]),
     (4, "gpt2", ["--cp", "2", "--zero", "1", "--micro-batch-size", "4"]),
 ]
 
@@ -82,6 +84,17 @@ def test_context_parallel_losses_match_one_rank(reference, tmp_path, nproc, arch
     np.testing.assert_allclose(losses(m), reference[arch], rtol=1e-5)
     ends = [json.loads(line) for line in out.splitlines() if '"train_end"' in line]
     assert len(ends) == 1 and ends[0]["cp"] == int(args[1])
+
+
+def test_context_parallel_interleaved_pipeline(tmp_path):
+    # Property: cp 2 under the interleaved schedule (pp 2 x vpp 2, 4 layers, 4 micro-batches)
+    # gives the one-process losses too.
+    args = ["--layers", "4", "--micro-batch-size", "2"]
+    ref, m = tmp_path / "ref.jsonl", tmp_path / "m.jsonl"
+    train(1, *args, "--metrics-file", str(ref))
+    train(4, *args, "--cp", "2", "--pp", "2", "--vpp", "2", "--schedule", "interleaved",
+          "--metrics-file", str(m))
+    np.testing.assert_allclose(losses(m), losses(ref), rtol=1e-5)
 
 
 def test_context_parallel_resume_is_exact(tmp_path):
