@@ -1,6 +1,8 @@
 #include "tardelli/parallel/context_parallel.h"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "ops/common.h"
 #include "tardelli/autograd/function.h"
@@ -124,8 +126,8 @@ AttnShape check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 Tensor f32(const Tensor& t) { return t.dtype() == DType::Float32 ? t : to_dtype(t, DType::Float32); }
 
-// dst (a view) += src, in dst's dtype.
-void accumulate(const Tensor& dst, const Tensor& src) { copy_into(dst, add(dst, f32(src))); }
+// dst (a view) += src, in place, in dst's dtype.
+void accumulate(Tensor dst, const Tensor& src) { add_(dst, src); }
 
 // Note [Ring merge]: two partial attentions of the same query rows over disjoint key sets,
 // (o_a, lse_a) and (o_b, lse_b), combine exactly as
@@ -134,7 +136,7 @@ void accumulate(const Tensor& dst, const Tensor& src) { copy_into(dst, add(dst, 
 // since each o_x is the softmax-weighted mean over its own keys with normalizer exp(lse_x).
 // The accumulators are fp32 whatever the compute dtype. Step 0 (the rank's own keys) covers
 // every query row with at least one visible key, so lse_a is always finite.
-void merge(const Tensor& acc_out, const Tensor& acc_lse, const AttentionForward& part) {
+void merge_composite(const Tensor& acc_out, const Tensor& acc_lse, const AttentionForward& part) {
   Tensor lb = part.lse;
   Tensor m = maximum(acc_lse, lb);
   Tensor lse = add(m, log(add(exp(sub(acc_lse, m)), exp(sub(lb, m)))));
@@ -142,6 +144,42 @@ void merge(const Tensor& acc_out, const Tensor& acc_lse, const AttentionForward&
   copy_into(acc_out, add(mul(acc_out, wa), mul(f32(part.out), wb)));
   copy_into(acc_lse, lse);
 }
+
+// acc_out [B, H, L, Dv] and acc_lse [B, H, L] (contiguous fp32) take rows [row0, row0 + R) of
+// the merge with part (out [B, H, R, Dv] any strides, lse [B, H, R]).
+void merge(const Tensor& acc_out, const Tensor& acc_lse, const AttentionForward& part,
+           int64_t row0) {
+  const int64_t B = acc_out.size(0), H = acc_out.size(1), L = acc_out.size(2);
+  const int64_t Dv = acc_out.size(3), R = part.out.size(2);
+  if (acc_out.is_cpu() && part.out.dtype() == DType::Float32) {
+    // One pass over the rows on the CPU (the composite below makes ~10 passes and temporaries).
+    float* ao = acc_out.data_ptr<float>();
+    float* al = acc_lse.data_ptr<float>();
+    const Tensor pl = part.lse.contiguous();
+    const float* po = part.out.data_ptr<float>();
+    const float* plp = pl.data_ptr<float>();
+    const Shape& st = part.out.strides();
+#pragma omp parallel for collapse(2) if (B * H * R * Dv > (int64_t{1} << 16))
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < R; ++i) {
+          float& la = al[(b * H + h) * L + row0 + i];
+          const float lb = plp[(b * H + h) * R + i];
+          const float m = std::max(la, lb);
+          const float lse = m + std::log(std::exp(la - m) + std::exp(lb - m));
+          const float wa = std::exp(la - lse), wb = std::exp(lb - lse);
+          float* o = ao + ((b * H + h) * L + row0 + i) * Dv;
+          const float* p = po + b * st[0] + h * st[1] + i * st[2];
+          for (int64_t d = 0; d < Dv; ++d) o[d] = wa * o[d] + wb * p[d * st[3]];
+          la = lse;
+        }
+      }
+    }
+    return;
+  }
+  merge_composite(acc_out.narrow(2, row0, R), acc_lse.narrow(2, row0, R), part);
+}
+
 
 // What rank r computes against the key/value block of rank s under the zigzag layout (Note
 // [Zigzag layout]; chunk size c): its own block (s == r) causally over its 2c rows; a block from
@@ -217,15 +255,15 @@ RingResult ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, const
     if (j == 0) {
       AttentionForward f = flash_attention_forward(q, ck, cv, p == Part::Causal, s.scale);
       acc_out = f32(f.out).contiguous();
-      acc_lse = f.lse;
+      acc_lse = f.lse.contiguous();
     } else if (p == Part::Full) {
-      merge(acc_out, acc_lse, flash_attention_forward(q, ck, cv, false, s.scale));
+      merge(acc_out, acc_lse, flash_attention_forward(q, ck, cv, false, s.scale), 0);
     } else if (p == Part::FirstKv) {
       merge(acc_out, acc_lse,
-            flash_attention_forward(q, ck.narrow(2, 0, c), cv.narrow(2, 0, c), false, s.scale));
+            flash_attention_forward(q, ck.narrow(2, 0, c), cv.narrow(2, 0, c), false, s.scale), 0);
     } else {
-      merge(acc_out.narrow(2, c, c), acc_lse.narrow(2, c, c),
-            flash_attention_forward(q.narrow(2, c, c), ck, cv, false, s.scale));
+      merge(acc_out, acc_lse, flash_attention_forward(q.narrow(2, c, c), ck, cv, false, s.scale),
+            c);
     }
     if (j + 1 < N) {
       next.wait();
@@ -257,36 +295,39 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Tensor& g, const Tensor& 
     Transfer next;
     if (j + 1 < N) next = start_transfer(ck, cv, cp, kTagK, kTagV);
     const Part p = part_for(causal, r, src);
-    Tensor dk_part = zeros(k.sizes(), fo), dv_part = zeros(v.sizes(), fo);
+    Tensor dq_part, dk_part, dv_part;  // this step's contributions
     if (p == Part::Full || p == Part::Causal) {
-      auto [a, b, e] = flash_attention_backward(g, q, ck, cv, out, lse, p == Part::Causal, s.scale);
-      accumulate(dq, a);
-      copy_into(dk_part, b);
-      copy_into(dv_part, e);
+      std::tie(dq_part, dk_part, dv_part) =
+          flash_attention_backward(g, q, ck, cv, out, lse, p == Part::Causal, s.scale);
+      accumulate(dq, dq_part);
     } else if (p == Part::FirstKv) {
-      auto [a, b, e] = flash_attention_backward(g, q, ck.narrow(2, 0, c), cv.narrow(2, 0, c), out,
-                                                lse, false, s.scale);
-      accumulate(dq, a);
-      copy_into(dk_part.narrow(2, 0, c), b);
-      copy_into(dv_part.narrow(2, 0, c), e);
+      std::tie(dq_part, dk_part, dv_part) = flash_attention_backward(
+          g, q, ck.narrow(2, 0, c), cv.narrow(2, 0, c), out, lse, false, s.scale);
+      accumulate(dq, dq_part);
     } else {
-      auto [a, b, e] =
+      std::tie(dq_part, dk_part, dv_part) =
           flash_attention_backward(g.narrow(2, c, c), q.narrow(2, c, c), ck, cv,
                                    out.narrow(2, c, c), lse.narrow(2, c, c).contiguous(), false,
                                    s.scale);
-      accumulate(dq.narrow(2, c, c), a);
-      copy_into(dk_part, b);
-      copy_into(dv_part, e);
+      accumulate(dq.narrow(2, c, c), dq_part);
     }
-    if (j > 0) {
+    // The block's accumulator: fresh at step 0, else the one that arrived (added to in place).
+    Tensor dk_acc, dv_acc;
+    if (j == 0) {
+      dk_acc = zeros(k.sizes(), fo);
+      dv_acc = zeros(v.sizes(), fo);
+    } else {
       acc_in.wait();
-      dk_part = add(dk_part, acc_in.k);
-      dv_part = add(dv_part, acc_in.v);
+      dk_acc = acc_in.k;
+      dv_acc = acc_in.v;
     }
+    const bool first = p == Part::FirstKv;
+    accumulate(first ? dk_acc.narrow(2, 0, c) : dk_acc, dk_part);
+    accumulate(first ? dv_acc.narrow(2, 0, c) : dv_acc, dv_part);
     // Pass the accumulator on (after the last step this is the trip home) and post the
     // receive of the one arriving for the next step.
-    acc_sent.push_back(post_send(dk_part, dv_part, cp, kTagDK, kTagDV));
-    acc_in = post_recv(dk_part, dv_part, cp, kTagDK, kTagDV);
+    acc_sent.push_back(post_send(dk_acc, dv_acc, cp, kTagDK, kTagDV));
+    acc_in = post_recv(dk_acc, dv_acc, cp, kTagDK, kTagDV);
     if (j + 1 < N) {
       next.wait();
       ck = next.k;
@@ -295,10 +336,8 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Tensor& g, const Tensor& 
   }
   acc_in.wait();
   for (auto& t : acc_sent) t.wait();
-  const Tensor& dk_acc = acc_in.k;
-  const Tensor& dv_acc = acc_in.v;
   auto back = [](const Tensor& t, DType dt) { return t.dtype() == dt ? t : to_dtype(t, dt); };
-  return {back(dq, q.dtype()), back(dk_acc, k.dtype()), back(dv_acc, v.dtype())};
+  return {back(dq, q.dtype()), back(acc_in.k, k.dtype()), back(acc_in.v, v.dtype())};
 }
 
 // ---- all-to-all (Ulysses) ----
