@@ -1,9 +1,15 @@
 #include "tardelli/parallel/parallelize.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "tardelli/distributed/collectives.h"
 #include "tardelli/ops/activation_linear.h"
 #include "tardelli/ops/copy.h"
+#include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/embedding.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/indexing.h"
 #include "tardelli/ops/loss.h"
 #include "tardelli/ops/matmul.h"
 #include "tardelli/parallel/tensor_parallel.h"
@@ -117,6 +123,12 @@ Tensor GPTContextParallel::replicated(const Tensor& p) { return tp_ ? tp_->repli
 
 // The one-device head is GPT::head's (fused and chunked over tokens); the tp one the vocab-
 // parallel loss. Either gives this rank's mean, averaged over cp (Note [Context-parallel loss]).
+// Note [Ignored targets under cp]: when ignore_index leaves the ranks different numbers of
+// counted targets n_r (N = total), the mean over all tokens is sum_r n_r mean_r / N: each rank's
+// mean is weighted by cp * n_r / N before the average (the gradient, through the identity
+// backward and the dp x cp averaging, is then sum_r (n_r / N) grad mean_r). Equal counts (no
+// ignored targets, or as many on every rank) keep the plain average. A rank with no counted
+// target contributes weight 0 (its mean, 0/0, is replaced by 0).
 Tensor GPTContextParallel::loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                 int64_t vocab_size, int64_t ignore_index, bool sp) {
   Tensor local;
@@ -126,7 +138,23 @@ Tensor GPTContextParallel::loss(const Tensor& h, const Tensor& w, const Tensor& 
     const int64_t n = h.size(0) * h.size(1);
     local = linear_cross_entropy(h.reshape({n, h.size(2)}), w, targets.reshape({n}), ignore_index);
   }
-  return context_parallel_loss_mean(local, cp_);
+  int64_t count = 0;
+  for (int64_t t : to_vector<int64_t>(targets.to(kCPU).to(DType::Int64)))
+    count += t != ignore_index ? 1 : 0;
+  const int n = cp_->size();
+  Tensor counts = Tensor::empty({n}, DType::Int64);
+  cp_->all_gather(counts, full({1}, static_cast<double>(count), {DType::Int64}));
+  const std::vector<int64_t> all = to_vector<int64_t>(counts);
+  int64_t total = 0;
+  for (int64_t c : all) total += c;
+  if (std::all_of(all.begin(), all.end(), [&](int64_t c) { return c == all[0]; }))
+    return context_parallel_loss_mean(local, cp_);
+  if (count == 0) {
+    // 0 instead of NaN, still in the graph (backward reaches every parameter with zeros).
+    return context_parallel_loss_mean(
+        masked_fill(local, ones(local.sizes(), {DType::Bool, local.device()}), 0.0), cp_);
+  }
+  return context_parallel_loss_mean(mul(local, static_cast<double>(n) * count / total), cp_);
 }
 
 Tensor GPTContextParallel::logits(const Tensor& h, const Tensor& w, int64_t vocab_size, bool sp) {

@@ -60,8 +60,9 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
 // ranks' means. Forward: that average (all-reduce, every rank sees the full loss). Backward:
 // the identity, so each rank's gradients are those of its local mean; the data-parallel
 // reduction, run over the dp x cp group (Megatron's dp-cp group) and averaging, then gives the
-// gradient of the global mean. Exact when every rank counts the same number of targets (no
-// ignore_index, as in packed pretraining data).
+// gradient of the global mean. That is exact when every rank counts the same number of
+// targets; the GPT's layout weights each rank's mean by its share of the counted targets first
+// when ignore_index makes them differ (Note [Ignored targets under cp] in parallelize.cpp).
 Tensor context_parallel_loss_mean(const Tensor& local_mean, const distributed::CommPtr& cp);
 
 }  // namespace td::parallel
