@@ -29,7 +29,9 @@ CPComm parse_cp_comm(const std::string& s) {
   return CPComm::Ring;
 }
 
-const char* cp_comm_name(CPComm c) { return c == CPComm::Ring ? "ring" : "a2a"; }
+const char* cp_comm_name(CPComm c) {
+  return c == CPComm::Ring ? "ring" : "a2a";
+}
 
 std::vector<int64_t> zigzag_positions(int64_t T, int rank, int size) {
   TD_CHECK(size >= 1 && rank >= 0 && rank < size, "zigzag_positions: rank ", rank,
@@ -116,18 +118,21 @@ AttnShape check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (mode == CPComm::AllToAll) {
     const int N = cp->size();
     TD_CHECK(s.H % N == 0 && s.Hkv % N == 0, op, " (cp_comm=a2a): ", cp->where(),
-             ": the all-to-all splits heads over the cp group: query heads ", s.H,
-             " and kv heads ", s.Hkv, " must both be divisible by cp = ", N,
-             " (use cp_comm=ring)");
+             ": the all-to-all splits heads over the cp group: query heads ", s.H, " and kv heads ",
+             s.Hkv, " must both be divisible by cp = ", N, " (use cp_comm=ring)");
   }
   s.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   return s;
 }
 
-Tensor f32(const Tensor& t) { return t.dtype() == DType::Float32 ? t : to_dtype(t, DType::Float32); }
+Tensor f32(const Tensor& t) {
+  return t.dtype() == DType::Float32 ? t : to_dtype(t, DType::Float32);
+}
 
 // dst (a view) += src, in place, in dst's dtype.
-void accumulate(Tensor dst, const Tensor& src) { add_(dst, src); }
+void accumulate(Tensor dst, const Tensor& src) {
+  add_(dst, src);
+}
 
 // Note [Ring merge]: two partial attentions of the same query rows over disjoint key sets,
 // (o_a, lse_a) and (o_b, lse_b), combine exactly as
@@ -152,7 +157,7 @@ void merge(const Tensor& acc_out, const Tensor& acc_lse, const AttentionForward&
   const int64_t B = acc_out.size(0), H = acc_out.size(1), L = acc_out.size(2);
   const int64_t Dv = acc_out.size(3), R = part.out.size(2);
   if (acc_out.is_cpu() && part.out.dtype() == DType::Float32) {
-    // One pass over the rows on the CPU (the composite below makes ~10 passes and temporaries).
+    // One pass over the rows on the CPU (merge_composite makes ~10 passes and temporaries).
     float* ao = acc_out.data_ptr<float>();
     float* al = acc_lse.data_ptr<float>();
     const Tensor pl = part.lse.contiguous();
@@ -179,7 +184,6 @@ void merge(const Tensor& acc_out, const Tensor& acc_lse, const AttentionForward&
   }
   merge_composite(acc_out.narrow(2, row0, R), acc_lse.narrow(2, row0, R), part);
 }
-
 
 // What rank r computes against the key/value block of rank s under the zigzag layout (Note
 // [Zigzag layout]; chunk size c): its own block (s == r) causally over its 2c rows; a block from
@@ -288,8 +292,8 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Tensor& g, const Tensor& 
   const TensorOptions fo{DType::Float32, q.device(), false};
   Tensor dq = zeros(q.sizes(), fo);
   Tensor ck = k, cv = v;
-  Transfer acc_in;                    // the accumulator arriving for the next step
-  std::vector<Transfer> acc_sent;     // sends in flight (their buffers stay alive)
+  Transfer acc_in;                 // the accumulator arriving for the next step
+  std::vector<Transfer> acc_sent;  // sends in flight (their buffers stay alive)
   for (int j = 0; j < N; ++j) {
     const int src = (r - j + N) % N;
     Transfer next;
@@ -305,10 +309,9 @@ std::tuple<Tensor, Tensor, Tensor> ring_backward(const Tensor& g, const Tensor& 
           g, q, ck.narrow(2, 0, c), cv.narrow(2, 0, c), out, lse, false, s.scale);
       accumulate(dq, dq_part);
     } else {
-      std::tie(dq_part, dk_part, dv_part) =
-          flash_attention_backward(g.narrow(2, c, c), q.narrow(2, c, c), ck, cv,
-                                   out.narrow(2, c, c), lse.narrow(2, c, c).contiguous(), false,
-                                   s.scale);
+      std::tie(dq_part, dk_part, dv_part) = flash_attention_backward(
+          g.narrow(2, c, c), q.narrow(2, c, c), ck, cv, out.narrow(2, c, c),
+          lse.narrow(2, c, c).contiguous(), false, s.scale);
       accumulate(dq.narrow(2, c, c), dq_part);
     }
     // The block's accumulator: fresh at step 0, else the one that arrived (added to in place).
@@ -390,7 +393,7 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
     if (needs_grad({q, k, v})) {
       record("ContextParallelRingAttentionBackward", {q, k, v}, {&out},
              [qd, kd, vd, o = out.detach(), lse = f.lse, cp, is_causal, s](const TensorList& g,
-                                                                            const auto&) {
+                                                                           const auto&) {
                Tensor go = g[0].defined() ? g[0].detach().contiguous() : zeros_like(o);
                auto [dq, dk, dv] = ring_backward(go, qd, kd, vd, o, lse, cp, is_causal, s);
                return TensorList{dq, dk, dv};
@@ -403,17 +406,17 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
   AttentionForward f = flash_attention_forward(qh, kh, vh, is_causal, s.scale);
   out = heads_to_seq(f.out, cp);
   if (needs_grad({q, k, v})) {
-    record("ContextParallelAllToAllAttentionBackward", {q, k, v}, {&out},
-           [qh, kh, vh, oh = f.out, lse = f.lse, cp, is_causal, s](const TensorList& g,
-                                                                    const auto&) {
-             Tensor go = g[0].defined() ? g[0].detach() : zeros(
-                 {oh.size(0), oh.size(1) * cp->size(), oh.size(2) / cp->size(), oh.size(3)},
-                 TensorOptions{oh.dtype(), oh.device(), false});
-             Tensor gh = seq_to_heads(go.contiguous(), cp);
-             auto [dq, dk, dv] = flash_attention_backward(gh, qh, kh, vh, oh, lse, is_causal,
-                                                          s.scale);
-             return TensorList{heads_to_seq(dq, cp), heads_to_seq(dk, cp), heads_to_seq(dv, cp)};
-           });
+    record(
+        "ContextParallelAllToAllAttentionBackward", {q, k, v}, {&out},
+        [qh, kh, vh, oh = f.out, lse = f.lse, cp, is_causal, s](const TensorList& g, const auto&) {
+          Tensor go = g[0].defined() ? g[0].detach()
+                                     : zeros({oh.size(0), oh.size(1) * cp->size(),
+                                              oh.size(2) / cp->size(), oh.size(3)},
+                                             TensorOptions{oh.dtype(), oh.device(), false});
+          Tensor gh = seq_to_heads(go.contiguous(), cp);
+          auto [dq, dk, dv] = flash_attention_backward(gh, qh, kh, vh, oh, lse, is_causal, s.scale);
+          return TensorList{heads_to_seq(dq, cp), heads_to_seq(dk, cp), heads_to_seq(dv, cp)};
+        });
   }
   return out;
 }
@@ -425,8 +428,8 @@ Tensor context_parallel_loss_mean(const Tensor& local_mean, const dist::CommPtr&
   Tensor out = dist::all_reduce_copy(local_mean, cp, dist::ReduceOp::Avg);
   if (needs_grad({local_mean})) {
     record("ContextParallelLossMeanBackward", {local_mean}, {&out},
-           [shape = local_mean.sizes(), dt = local_mean.dtype(),
-            dev = local_mean.device()](const TensorList& g, const auto&) {
+           [shape = local_mean.sizes(), dt = local_mean.dtype(), dev = local_mean.device()](
+               const TensorList& g, const auto&) {
              return TensorList{g[0].defined() ? g[0].detach()
                                               : zeros(shape, TensorOptions{dt, dev, false})};
            });

@@ -119,7 +119,9 @@ Tensor GPTContextParallel::embedding(const Tensor& ids, const Tensor& w, bool sp
   return tp_ ? tp_->embedding(ids, w, sp) : td::embedding(w, ids);
 }
 
-Tensor GPTContextParallel::replicated(const Tensor& p) { return tp_ ? tp_->replicated(p) : p; }
+Tensor GPTContextParallel::replicated(const Tensor& p) {
+  return tp_ ? tp_->replicated(p) : p;
+}
 
 // The one-device head is GPT::head's (fused and chunked over tokens); the tp one the vocab-
 // parallel loss. Either gives this rank's mean, averaged over cp (Note [Context-parallel loss]).

@@ -43,7 +43,9 @@ Tensor full_randn(const Shape& shape, uint64_t seed) {
   return randn(shape, {}, &g);
 }
 
-Tensor leaf(const Tensor& t) { return t.detach().clone().set_requires_grad(true); }
+Tensor leaf(const Tensor& t) {
+  return t.detach().clone().set_requires_grad(true);
+}
 
 double max_abs(const Tensor& t) {
   double m = 0.0;
@@ -54,7 +56,8 @@ double max_abs(const Tensor& t) {
 void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what << ": undefined";
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  std::vector<float> g = to_vector<float>(got.contiguous()), w = to_vector<float>(want.contiguous());
+  std::vector<float> g = to_vector<float>(got.contiguous()),
+                     w = to_vector<float>(want.contiguous());
   const double tol = rel * max_abs(want);
   double worst = 0.0;
   for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(double(g[i]) - w[i]));
@@ -99,14 +102,18 @@ void check_all(const Case& c) {
   }
 }
 
-TEST(ContextParallelAttention, Gpt2Shapes) { check_all({"gpt2", 2, 4, 4, 32, 16}); }
+TEST(ContextParallelAttention, Gpt2Shapes) {
+  check_all({"gpt2", 2, 4, 4, 32, 16});
+}
 
 TEST(ContextParallelAttention, GroupedQueryHeads) {
   check_all({"gqa", 1, 8, 4, 24, 8});
   check_all({"gqa 6/2", 1, 6, 2, 16, 8});  // ring only at cp 4 (a2a needs heads % 4)
 }
 
-TEST(ContextParallelAttention, OddHeadDim) { check_all({"odd hd", 1, 4, 2, 40, 13}); }
+TEST(ContextParallelAttention, OddHeadDim) {
+  check_all({"odd hd", 1, 4, 2, 40, 13});
+}
 
 // Local lengths above the kernel's 64-row blocks (partial blocks on both sides).
 TEST(ContextParallelAttention, LongSequence) {

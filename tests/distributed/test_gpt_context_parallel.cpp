@@ -89,8 +89,8 @@ void check(Arch arch, CPComm comm, bool ignore = false) {
   Tensor got = par->forward(zigzag_slice(idx, 1, r, n), zigzag_slice(tgt, 1, r, n));
   got.backward();
   const std::string tag = std::string(arch == Arch::GPT2 ? "gpt2" : "llama") +
-                          (ignore ? " ignored targets " : " ") +
-                          cp_comm_name(comm) + " cp=" + std::to_string(n) + ": ";
+                          (ignore ? " ignored targets " : " ") + cp_comm_name(comm) +
+                          " cp=" + std::to_string(n) + ": ";
   EXPECT_NEAR(got.item<float>(), want.item<float>(), 1e-6 * std::fabs(want.item<float>()))
       << tag << "loss";
   std::map<std::string, Tensor> ref;
@@ -106,10 +106,18 @@ void check(Arch arch, CPComm comm, bool ignore = false) {
   }
 }
 
-TEST(GPTContextParallel, Gpt2RingMatchesOneDevice) { check(Arch::GPT2, CPComm::Ring); }
-TEST(GPTContextParallel, Gpt2AllToAllMatchesOneDevice) { check(Arch::GPT2, CPComm::AllToAll); }
-TEST(GPTContextParallel, LlamaRingMatchesOneDevice) { check(Arch::Llama, CPComm::Ring); }
-TEST(GPTContextParallel, LlamaAllToAllMatchesOneDevice) { check(Arch::Llama, CPComm::AllToAll); }
+TEST(GPTContextParallel, Gpt2RingMatchesOneDevice) {
+  check(Arch::GPT2, CPComm::Ring);
+}
+TEST(GPTContextParallel, Gpt2AllToAllMatchesOneDevice) {
+  check(Arch::GPT2, CPComm::AllToAll);
+}
+TEST(GPTContextParallel, LlamaRingMatchesOneDevice) {
+  check(Arch::Llama, CPComm::Ring);
+}
+TEST(GPTContextParallel, LlamaAllToAllMatchesOneDevice) {
+  check(Arch::Llama, CPComm::AllToAll);
+}
 
 // Note [Ignored targets under cp] in parallelize.cpp: the loss is the mean over all counted
 // targets, not the mean of the ranks' means.
