@@ -46,6 +46,7 @@
 #include "tardelli/ops/softmax.h"
 #include "tardelli/ops/view.h"
 #include "tardelli/optim/optim.h"
+#include "tardelli/parallel/context_parallel.h"
 #include "tardelli/parallel/layers.h"
 #include "tardelli/parallel/parallelize.h"
 #include "tardelli/parallel/rng_tracker.h"

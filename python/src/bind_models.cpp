@@ -127,6 +127,8 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
       .def_property_readonly(
           "tp_size", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_size() : 1; })
       .def_property_readonly(
+          "cp_size", [](const GPT& g) { return g.parallelism() ? g.parallelism()->cp_size() : 1; })
+      .def_property_readonly(
           "tp_rank", [](const GPT& g) { return g.parallelism() ? g.parallelism()->tp_rank() : 0; })
       .def_property_readonly("sequence_parallel",
                              [](const GPT& g) {

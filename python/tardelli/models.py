@@ -133,6 +133,11 @@ class GPT(nn.Module):
         return self._cpp.tp_rank
 
     @property
+    def cp_size(self):
+        """The context-parallel degree (1: every rank holds whole sequences)."""
+        return self._cpp.cp_size
+
+    @property
     def sequence_parallel(self):
         return self._cpp.sequence_parallel
 

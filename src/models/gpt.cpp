@@ -15,6 +15,7 @@
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/embedding.h"
 #include "tardelli/ops/factory.h"
+#include "tardelli/ops/indexing.h"
 #include "tardelli/ops/join.h"
 #include "tardelli/ops/loss.h"
 #include "tardelli/ops/matmul.h"
@@ -349,7 +350,7 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   Tensor k = parts[1].view({B, T, Hkv, hd});
   Tensor v = parts[2].view({B, T, Hkv, hd});
   if (config_.arch == Arch::Llama) {
-    Tensor c = rope_cos_.narrow(0, start, T), s = rope_sin_.narrow(0, start, T);
+    Tensor c = position_rows(rope_cos_, start, T), s = position_rows(rope_sin_, start, T);
     q = apply_rotary(q, c, s);
     k = apply_rotary(k, c, s);
   }
@@ -365,7 +366,10 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   }
   // Causal with Tq <= Tk aligns the last query with the last key: a decode step (Tq = 1) sees
   // every cached position.
-  Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), /*is_causal=*/true);
+  // Under context parallelism the layout's attention sees the whole sequence (generation,
+  // with its cache, never runs context parallel).
+  Tensor y = parallel_ && !cache ? parallel_->attention(q, k, v, /*causal=*/true)
+                                 : scaled_dot_product_attention(q, k, v, Tensor(), true);
   y = y.permute({0, 2, 1, 3}).reshape({B, T, H * hd});
   Tensor r = add(x, maybe_dropout(row(y, l.attn_proj_w, l.attn_proj_b, sp), sp));
 
@@ -412,6 +416,14 @@ Tensor GPT::recomputed_block(size_t layer, const Tensor& x, int64_t start, bool 
   return autograd::checkpoint(fn, {x}, opts)[0];
 }
 
+// Under context parallelism this rank's tokens sit at its zigzag positions (Note [Zigzag
+// layout] in parallel/context_parallel.h): the rows of a position table (wpe, RoPE) there.
+Tensor GPT::position_rows(const Tensor& table, int64_t start, int64_t T) const {
+  if (!parallel_ || parallel_->cp_size() == 1) return table.narrow(0, start, T);
+  return index_select(table, 0,
+                      from_vector<int64_t>(parallel_->positions(T), {T}).to(table.device()));
+}
+
 Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) {
   Tensor x = input;
   // The rotary tables are no parameters or buffers (Module::to does not move them): they
@@ -429,7 +441,7 @@ Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) 
     // bytes than casting the tables, and the scatter-add of their gradient stays fp32.
     x = parallel_ ? parallel_->embedding(idx, wte_, sp) : embedding(wte_, idx);
     if (config_.arch == Arch::GPT2) {
-      Tensor pos = wpe_.narrow(0, start, T);
+      Tensor pos = position_rows(wpe_, start, T);
       if (sp) {
         // This rank holds tokens [rank*n, (rank+1)*n): its rows of the position table. The
         // all-reduce of replicated() runs over all T rows, the same on every rank.
@@ -483,7 +495,8 @@ Tensor GPT::forward_stage(const Tensor& input, const Tensor& targets) {
            "GPT.forward_stage: a stage after the first takes hidden states [batch, seq",
            sp ? "/tp" : "", ", ", config_.d_model, "] ", dtype_name(config_.dtype), ", got ",
            describe(input));
-  TD_CHECK(input.size(1) * (sp ? tp : 1) <= config_.block_size,
+  const int64_t cp = parallel_ ? parallel_->cp_size() : 1;
+  TD_CHECK(input.size(1) * (sp ? tp : 1) * cp <= config_.block_size,
            "GPT.forward_stage: sequence length exceeds block_size ", config_.block_size);
   if (targets.defined()) {
     TD_CHECK(is_integral(targets.dtype()) && targets.dim() == 2 &&
@@ -507,8 +520,9 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
            "GPT.forward: idx must be [batch, seq] int64/int32 token ids, got ", describe(idx));
   const int64_t B = idx.size(0), T = idx.size(1);
   TD_CHECK(B > 0 && T > 0, "GPT.forward: empty input ", describe(idx));
-  TD_CHECK(T <= config_.block_size, "GPT.forward: sequence length ", T, " exceeds block_size ",
-           config_.block_size);
+  const int64_t cp = parallel_ ? parallel_->cp_size() : 1;
+  TD_CHECK(T * cp <= config_.block_size, "GPT.forward: sequence length ", T * cp,
+           cp > 1 ? " (this rank's tokens x cp)" : "", " exceeds block_size ", config_.block_size);
   if (targets.defined()) {
     TD_CHECK(is_integral(targets.dtype()) && targets.sizes() == idx.sizes(),
              "GPT.forward: targets must be int64/int32 with the shape of idx ",
@@ -527,6 +541,9 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   TD_CHECK(stage_.whole(config_.n_layer), "GPT.generate: this model is one pipeline stage (layers ",
            stage_.first_layer, "..", stage_.first_layer + stage_.num_layers - 1,
            "); generate from the whole model (e.g. loaded from the checkpoint)");
+  TD_CHECK(!parallel_ || parallel_->cp_size() == 1,
+           "GPT.generate: the model is laid out context parallel (cp=", parallel_->cp_size(),
+           "); generate from a model without cp (e.g. loaded from the checkpoint)");
   TD_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()),
            "GPT.generate: idx must be [batch, seq] int64/int32 token ids, got ",
            idx.defined() ? describe(idx) : std::string("undefined"));

@@ -1,8 +1,17 @@
 #include "tardelli/parallel/parallelize.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "tardelli/distributed/collectives.h"
+#include "tardelli/ops/activation_linear.h"
 #include "tardelli/ops/copy.h"
+#include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/embedding.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/indexing.h"
 #include "tardelli/ops/loss.h"
+#include "tardelli/ops/matmul.h"
 #include "tardelli/parallel/tensor_parallel.h"
 #include "tardelli/parallel/vocab_parallel.h"
 
@@ -85,15 +94,113 @@ void apply_tensor_parallel(models::GPT& model, const dist::CommPtr& tp,
   model.set_parallelism(std::make_shared<GPTTensorParallel>(tp, options, seed));
 }
 
+GPTContextParallel::GPTContextParallel(std::shared_ptr<GPTTensorParallel> tp, dist::CommPtr cp,
+                                       CPComm comm, uint64_t seed)
+    : tp_(std::move(tp)), cp_(std::move(cp)), comm_(comm), gen_(seed, 0xC9) {
+  TD_CHECK(cp_ != nullptr, "GPTContextParallel: the context-parallel communicator is null");
+}
+
+int64_t GPTContextParallel::padded_vocab(int64_t vocab_size) const {
+  return tp_ ? tp_->padded_vocab(vocab_size) : vocab_size;
+}
+
+Tensor GPTContextParallel::column_linear(const Tensor& x, const Tensor& w, const Tensor& b,
+                                         bool sp) {
+  return tp_ ? tp_->column_linear(x, w, b, sp) : linear(x, w, b);
+}
+
+Tensor GPTContextParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                                      std::optional<MlpActivation> act) {
+  if (tp_) return tp_->row_linear(x, w, b, sp, act);
+  return act ? activation_linear(x, *act, w, b) : linear(x, w, b);
+}
+
+Tensor GPTContextParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {
+  return tp_ ? tp_->embedding(ids, w, sp) : td::embedding(w, ids);
+}
+
+Tensor GPTContextParallel::replicated(const Tensor& p) {
+  return tp_ ? tp_->replicated(p) : p;
+}
+
+// The one-device head is GPT::head's (fused and chunked over tokens); the tp one the vocab-
+// parallel loss. Either gives this rank's mean, averaged over cp (Note [Context-parallel loss]).
+// Note [Ignored targets under cp]: when ignore_index leaves the ranks different numbers of
+// counted targets n_r (N = total), the mean over all tokens is sum_r n_r mean_r / N: each rank's
+// mean is weighted by cp * n_r / N before the average (the gradient, through the identity
+// backward and the dp x cp averaging, is then sum_r (n_r / N) grad mean_r). Equal counts (no
+// ignored targets, or as many on every rank) keep the plain average. A rank with no counted
+// target contributes weight 0 (its mean, 0/0, is replaced by 0).
+Tensor GPTContextParallel::loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                int64_t vocab_size, int64_t ignore_index, bool sp) {
+  Tensor local;
+  if (tp_) {
+    local = tp_->loss(h, w, targets, vocab_size, ignore_index, sp);
+  } else {
+    const int64_t n = h.size(0) * h.size(1);
+    local = linear_cross_entropy(h.reshape({n, h.size(2)}), w, targets.reshape({n}), ignore_index);
+  }
+  int64_t count = 0;
+  for (int64_t t : to_vector<int64_t>(targets.to(kCPU).to(DType::Int64)))
+    count += t != ignore_index ? 1 : 0;
+  const int n = cp_->size();
+  Tensor counts = Tensor::empty({n}, DType::Int64);
+  cp_->all_gather(counts, full({1}, static_cast<double>(count), {DType::Int64}));
+  const std::vector<int64_t> all = to_vector<int64_t>(counts);
+  int64_t total = 0;
+  for (int64_t c : all) total += c;
+  if (std::all_of(all.begin(), all.end(), [&](int64_t c) { return c == all[0]; }))
+    return context_parallel_loss_mean(local, cp_);
+  if (count == 0) {
+    // 0 instead of NaN, still in the graph (backward reaches every parameter with zeros).
+    return context_parallel_loss_mean(
+        masked_fill(local, ones(local.sizes(), {DType::Bool, local.device()}), 0.0), cp_);
+  }
+  return context_parallel_loss_mean(mul(local, static_cast<double>(n) * count / total), cp_);
+}
+
+Tensor GPTContextParallel::logits(const Tensor& h, const Tensor& w, int64_t vocab_size, bool sp) {
+  return tp_ ? tp_->logits(h, w, vocab_size, sp) : linear(h, w);
+}
+
+std::vector<int64_t> GPTContextParallel::positions(int64_t local_T) const {
+  return zigzag_positions(local_T * cp_->size(), cp_->rank(), cp_->size());
+}
+
+Tensor GPTContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     bool causal) {
+  return context_parallel_attention(q, k, v, cp_, causal, comm_);
+}
+
+void apply_parallelism(models::GPT& model, const dist::CommPtr& tp, const dist::CommPtr& cp,
+                       const ParallelOptions& options) {
+  TD_CHECK(tp != nullptr && cp != nullptr, "apply_parallelism: a communicator is null");
+  if (cp->size() == 1) return apply_tensor_parallel(model, tp, options);
+  TD_CHECK(!options.sequence_parallel || tp->size() > 1,
+           "apply_parallelism: sequence parallelism needs tensor parallelism (tp > 1); the tp "
+           "group has size ",
+           tp->size());
+  const models::GPTConfig& c = model.config();
+  const int n = cp->size(), t = tp->size();
+  if (options.cp_comm == CPComm::AllToAll) {
+    TD_CHECK(c.n_head % t == 0 && (c.n_head / t) % n == 0 && (c.kv_heads() / t) % n == 0 &&
+                 c.kv_heads() % t == 0,
+             "apply_parallelism: cp_comm=a2a splits each tp rank's heads over cp = ", n,
+             ": n_head ", c.n_head, " / tp ", t, " and n_kv_head ", c.kv_heads(), " / tp ", t,
+             " must be divisible by cp (use cp_comm=ring)");
+  }
+  const uint64_t seed = c.seed + 100 * static_cast<uint64_t>(model.stage().first_layer);
+  auto tpl = t > 1 ? std::make_shared<GPTTensorParallel>(tp, options, seed) : nullptr;
+  model.set_parallelism(std::make_shared<GPTContextParallel>(tpl, cp, options.cp_comm, seed));
+}
+
 void parallelize(models::GPT& model, const dist::ProcessGrid& grid,
                  const ParallelOptions& options) {
   const dist::ParallelDims& d = grid.dims();
   TD_CHECK(d.pp == 1, "parallelize: pipeline parallelism (pp=", d.pp,
            ") is built by the Python runtime (td.distributed.pipeline_parallel): build the stage "
-           "models there and apply tensor parallelism with apply_tensor_parallel");
-  TD_CHECK(d.cp == 1, "parallelize: context parallelism (cp=", d.cp,
-           ") is not available for the GPT yet");
-  apply_tensor_parallel(model, grid.tp(), options);
+           "models there and apply tensor/context parallelism with apply_parallelism");
+  apply_parallelism(model, grid.tp(), grid.cp(), options);
 }
 
 }  // namespace td::parallel

@@ -175,6 +175,8 @@ class GPT : public nn::Module {
   Recompute block_mode(size_t layer) const;
   Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
   Tensor cast(const Tensor& p) const;  // parameter -> compute dtype (differentiable)
+  // Rows [start, start + T) of a position table, or this rank's positions under cp.
+  Tensor position_rows(const Tensor& table, int64_t start, int64_t T) const;
   Tensor maybe_dropout(const Tensor& x, bool sp);
   // The layout-dependent linear layers (plain linear without a layout).
   Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;

@@ -24,10 +24,12 @@
 // memory. A replicated parameter that acts on split activations then gets only a partial
 // gradient on each rank; replicated() completes it (an all-reduce in backward).
 #include <cstdint>
+#include <vector>
 
 #include "tardelli/core/rng.h"
 #include "tardelli/core/tensor.h"
 #include "tardelli/ops/activation_linear.h"
+#include "tardelli/ops/attention.h"
 
 namespace td::models {
 
@@ -63,6 +65,18 @@ class GPTParallelism {
   // The dropout stream for split activations (different on every tp rank; Note [Which stream]
   // in parallel/rng_tracker.h). Replicated activations use the model's dropout_generator().
   virtual Generator& split_generator() = 0;
+
+  // Context parallelism (Note [Zigzag layout] in parallel/context_parallel.h): a training
+  // forward's tokens are this rank's zigzag part of a sequence split over cp_size() ranks.
+  // Everything but attention, the positions and the loss runs on them unchanged; loss() then
+  // returns the mean over the cp group (Note [Context-parallel loss] in parallel/parallelize.h).
+  virtual int cp_size() const { return 1; }
+  // The global positions of this rank's `local_T` tokens (empty without cp).
+  virtual std::vector<int64_t> positions(int64_t /*local_T*/) const { return {}; }
+  // Attention q [B, H, T, hd], k/v [B, Hkv, T, hd] over the whole sequence of the cp group.
+  virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+    return scaled_dot_product_attention(q, k, v, Tensor(), causal);
+  }
 };
 
 }  // namespace td::models

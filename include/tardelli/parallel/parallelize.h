@@ -20,6 +20,7 @@
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/process_grid.h"
 #include "tardelli/models/gpt.h"
+#include "tardelli/parallel/context_parallel.h"
 #include "tardelli/parallel/rng_tracker.h"
 
 namespace td::parallel {
@@ -29,6 +30,8 @@ struct ParallelOptions {
   // Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this
   // times tp (padded rows are zero and never change the loss).
   int64_t make_vocab_size_divisible_by = 128;
+  // How attention crosses the cp group when cp > 1 (context_parallel.h).
+  CPComm cp_comm = CPComm::Ring;
 };
 
 // The tensor-parallel implementation of the GPT's layout hooks (Note [GPT tensor-parallel
@@ -64,6 +67,47 @@ class GPTTensorParallel : public models::GPTParallelism {
   RngTracker rng_;
 };
 
+// The context-parallel layout (Note [Zigzag layout] in context_parallel.h), around an optional
+// tensor-parallel one (null: tp = 1, the plain one-device ops). The model's tokens are this
+// rank's zigzag part of each sequence; attention runs context_parallel_attention over `cp`, the
+// position tables are read at the zigzag positions and the loss is the cp group's mean (Note
+// [Context-parallel loss]). Parameters are replicated over cp: their gradients must be reduced
+// over the dp x cp group (the trainer's DDP does).
+class GPTContextParallel : public models::GPTParallelism {
+ public:
+  GPTContextParallel(std::shared_ptr<GPTTensorParallel> tp, distributed::CommPtr cp,
+                     CPComm comm, uint64_t seed);
+
+  int tp_size() const override { return tp_ ? tp_->tp_size() : 1; }
+  int tp_rank() const override { return tp_ ? tp_->tp_rank() : 0; }
+  bool sequence_parallel() const override { return tp_ && tp_->sequence_parallel(); }
+  int64_t padded_vocab(int64_t vocab_size) const override;
+
+  Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
+  Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                    std::optional<MlpActivation> act) override;
+  Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) override;
+  Tensor replicated(const Tensor& p) override;
+  Tensor loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t vocab_size,
+              int64_t ignore_index, bool sp) override;
+  // This rank's tokens' logits (not gathered over cp).
+  Tensor logits(const Tensor& h, const Tensor& w, int64_t vocab_size, bool sp) override;
+  Generator& split_generator() override { return tp_ ? tp_->split_generator() : gen_; }
+
+  int cp_size() const override { return cp_->size(); }
+  std::vector<int64_t> positions(int64_t local_T) const override;
+  Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) override;
+
+  const distributed::CommPtr& group() const { return cp_; }
+  CPComm comm() const { return comm_; }
+
+ private:
+  std::shared_ptr<GPTTensorParallel> tp_;
+  distributed::CommPtr cp_;
+  CPComm comm_;
+  Generator gen_;
+};
+
 // Installs tensor (and, with options.sequence_parallel, sequence) parallelism over `tp` on a
 // freshly built model. tp of size 1 installs nothing (the model stays the one-device model).
 // td::Error when the model does not divide (GPT::set_parallelism) or sequence parallelism is
@@ -71,9 +115,15 @@ class GPTTensorParallel : public models::GPTParallelism {
 void apply_tensor_parallel(models::GPT& model, const distributed::CommPtr& tp,
                            const ParallelOptions& options);
 
-// Applies the model-parallel layout of a one-stage grid: tensor parallelism over grid.tp().
-// td::Error naming the degree for pp > 1 (stages are built by the pipeline runtime, above) and
-// cp > 1 (context parallelism is not built).
+// Installs tensor (+ sequence) parallelism over `tp` and context parallelism over `cp` (either
+// group may have size 1) on a freshly built model. td::Error when the model does not divide,
+// or (a2a) its heads or kv heads per tp rank are not divisible by cp.
+void apply_parallelism(models::GPT& model, const distributed::CommPtr& tp,
+                       const distributed::CommPtr& cp, const ParallelOptions& options);
+
+// Applies every model-parallel layout the grid asks for: tensor parallelism over grid.tp(),
+// context parallelism over grid.cp(). td::Error naming the degree when the grid asks for a
+// layout not built here (pp: the Python runtime builds the stages; ep > 1).
 void parallelize(models::GPT& model, const distributed::ProcessGrid& grid,
                  const ParallelOptions& options);
 

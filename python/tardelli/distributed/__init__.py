@@ -23,7 +23,8 @@ from . import tensor_parallel  # noqa: F401,E402
 from .tensor_parallel import (  # noqa: F401,E402
     ColumnParallelLinear, RngTracker, RowParallelLinear, VocabParallelEmbedding, padded_vocab_size,
     vocab_parallel_cross_entropy)
-from .model_parallel import clip_grad_norm_, grad_norm_squared, parallelize  # noqa: F401,E402
+from .model_parallel import (clip_grad_norm_, context_parallel_slice,  # noqa: F401,E402
+                             grad_norm_squared, parallelize)
 from . import pipeline, pipeline_parallel  # noqa: F401,E402
 
 _D = _C.distributed

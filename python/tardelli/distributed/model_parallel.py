@@ -17,28 +17,41 @@ import math
 from .. import _C
 
 
-def parallelize(model, grid=None, *, tp=None, sequence_parallel=False,
-                make_vocab_size_divisible_by=128):
+def parallelize(model, grid=None, *, tp=None, cp=None, sequence_parallel=False,
+                make_vocab_size_divisible_by=128, cp_comm="ring"):
     """Lays `model` (a td.models.GPT, or one pipeline stage of it, fresh from its constructor)
-    out over `grid` (a ProcessGrid: its tp group; cp > 1 is refused) or over the communicator
-    `tp`. Returns the model. A tp group of size 1 leaves the model as it is."""
+    out over `grid` (a ProcessGrid: its tp and cp groups) or over the communicators `tp` (and
+    optionally `cp`). Returns the model. Groups of size 1 leave the model as it is.
+
+    Context parallelism (cp > 1): the model's inputs are then this rank's zigzag tokens of each
+    sequence (context_parallel_slice), attention runs over the cp group (`cp_comm` "ring" or
+    "a2a") and the loss is the cp group's mean; gradients must be averaged over the dp x cp
+    group (DistributedDataParallel(..., group=grid.dp_cp()))."""
     if (grid is None) == (tp is None):
         raise TypeError("parallelize: pass exactly one of grid= (a ProcessGrid) or tp= (a "
                         "communicator)")
     if grid is not None:
-        dims = grid.dims
-        if dims.cp != 1:
-            raise ValueError(f"parallelize: context parallelism (cp={dims.cp}) is not "
-                             "available for the GPT yet")
         # Pipeline stages are built by td.distributed.pipeline_parallel.build_stages; this step
-        # lays each stage out over the tp group.
-        tp = grid.tp()
+        # lays each stage out over the tp and cp groups.
+        tp, cp = grid.tp(), grid.cp()
     if not hasattr(model, "_cpp"):
         raise TypeError(f"parallelize: expected a td.models.GPT, got {type(model).__name__}")
-    _C.parallel.apply_tensor_parallel(model._cpp, tp, bool(sequence_parallel),
-                                      int(make_vocab_size_divisible_by))
+    if cp is None or cp.size == 1:
+        _C.parallel.apply_tensor_parallel(model._cpp, tp, bool(sequence_parallel),
+                                          int(make_vocab_size_divisible_by))
+    else:
+        _C.parallel.apply_parallelism(model._cpp, tp, cp, bool(sequence_parallel),
+                                      int(make_vocab_size_divisible_by), str(cp_comm))
     model._mirror_parameters()
     return model
+
+
+def context_parallel_slice(x, cp, dim=1):
+    """This rank's zigzag part (chunks r and 2N-1-r of 2N) of a full [B, T, ...] tensor `x`
+    along `dim`, for the cp group `cp` (a communicator or None)."""
+    if cp is None or cp.size == 1:
+        return x
+    return _C.parallel.zigzag_slice(x, dim, cp.rank, cp.size)
 
 
 def is_tensor_parallel(model, name):

@@ -103,7 +103,10 @@ class PipelineRuntime:
             w = grid.world()
             on_end = self.rank in (0, self.pp - 1)
             coords = grid.coords
-            color = coords.tp + grid.dims.tp * coords.dp if on_end else -1
+            # One group per (tp, cp, dp) position: cp ranks hold different tokens' gradients,
+            # which the dp x cp reduction sums, not this group.
+            d = grid.dims
+            color = coords.tp + d.tp * (coords.cp + d.cp * coords.dp) if on_end else -1
             self.embedding_group = w.split(color, w.rank, f"embedding{max(color, 0)}")
         # False under ZeRO-2/3: the trainer sums the gradient shards instead
         # (sync_tied_embedding_shard), since the full gradients are gone after each micro-batch.

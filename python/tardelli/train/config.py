@@ -63,14 +63,17 @@ class TrainConfig:
     split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
     synthetic_data: bool = field(default=False, metadata=dict(
         help="random tokens drawn from the seed instead of a dataset"))
-    # ---- parallelism (data parallel size = world size / (tp x pp); the process grid has cp and
-    # ep axes, which the trainer does not use yet)
+    # ---- parallelism (data parallel size = world size / (tp x cp x pp))
     tp: int = field(default=1, metadata=dict(
         help="tensor-parallel size: each layer's matrices split over this many ranks"))
     sequence_parallel: bool = field(default=False, metadata=dict(
         help="with --tp > 1: also split the activations between layers along the sequence"))
     make_vocab_size_divisible_by: int = field(default=128, metadata=dict(
         help="under --tp, pad the vocabulary to a multiple of this x tp"))
+    cp: int = field(default=1, metadata=dict(
+        help="context-parallel size: each sequence split over this many ranks (zigzag)"))
+    cp_comm: str = field(default="ring", metadata=dict(
+        help="with --cp > 1: ring (ring attention) | a2a (all-to-all, Ulysses)"))
     pp: int = field(default=1, metadata=dict(
         help="pipeline-parallel size: the layers split into this many stages"))
     vpp: int = field(default=1, metadata=dict(
@@ -124,7 +127,7 @@ _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "schedule": ("gpipe", "1f1b", "interleaved", "zb"),
             "lr_decay_style": ("cosine", "linear", "constant"),
-            "recompute": ("none", "selective", "full")}
+            "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a")}
 
 
 def _coerce(name, value, source):
@@ -196,10 +199,10 @@ def parse_config(argv=None, world_size=1):
         if v is not None:
             values[name] = v
     cfg = TrainConfig(**values)
-    mp = cfg.tp * cfg.pp
+    mp = cfg.tp * cfg.pp * cfg.cp
     if mp >= 1 and world_size % mp != 0:
-        raise ConfigError(f"--tp {cfg.tp} x --pp {cfg.pp} does not divide the {world_size} "
-                          "ranks of this job")
+        raise ConfigError(f"--tp {cfg.tp} x --cp {cfg.cp} x --pp {cfg.pp} does not divide the "
+                          f"{world_size} ranks of this job")
     validate(cfg, world_size // mp if mp >= 1 else 1)
     return cfg, args
 
@@ -235,7 +238,7 @@ def validate(cfg, dp_size=1):
         need(td.cuda.is_available(), f"--device {cfg.device}: no CUDA device is available "
              f"(td.cuda.device_count() == 0; this build has the CUDA backend: "
              f"{td.cuda.is_built()})")
-        need(dp_size == 1 and cfg.tp == 1 and cfg.pp == 1,
+        need(dp_size == 1 and cfg.tp == 1 and cfg.pp == 1 and cfg.cp == 1,
              f"--device {cfg.device}: training on GPUs runs in one process for now (the NCCL "
              f"communicator is not wired to the trainer); got dp {dp_size}, tp {cfg.tp}, "
              f"pp {cfg.pp}")
@@ -277,13 +280,31 @@ def validate(cfg, dp_size=1):
              f"pipeline stage {fewest} (--layers {cfg.layers}, --pp {cfg.pp}, --vpp {cfg.vpp}"
              f"{', --pipeline-layout ' + cfg.pipeline_layout if cfg.pipeline_layout else ''}): "
              "full recomputation applies to the first N blocks of every stage")
+    need(cfg.cp >= 1, f"--cp must be >= 1, got {cfg.cp}")
+    if cfg.cp > 1:
+        kv_ = cfg.kv_heads or cfg.heads
+        need(cfg.seq_len % (2 * cfg.cp) == 0,
+             f"--cp {cfg.cp}: --seq-len {cfg.seq_len} must be divisible by 2 x cp = "
+             f"{2 * cfg.cp} (the zigzag layout cuts each sequence into 2 x cp chunks)")
+        need(not cfg.sequence_parallel or (cfg.seq_len // cfg.cp) % cfg.tp == 0,
+             f"--sequence-parallel with --cp {cfg.cp}: --tp {cfg.tp} does not divide each cp "
+             f"rank's {cfg.seq_len // cfg.cp} tokens")
+        need(cfg.cp_comm != "a2a" or (cfg.heads % (cfg.tp * cfg.cp) == 0 and
+                                      kv_ % (cfg.tp * cfg.cp) == 0),
+             f"--cp-comm a2a splits heads over tp x cp = {cfg.tp * cfg.cp}: --heads "
+             f"{cfg.heads} and the {kv_} key/value heads must be divisible by it (or use "
+             "--cp-comm ring)")
+        need(cfg.device == "cpu", f"--cp {cfg.cp}: context parallelism runs on the CPU "
+             "(MPI) backend for now")
+        need(cfg.zero < 2, f"--zero {cfg.zero} with --cp {cfg.cp}: ZeRO-2/3 over the dp x cp "
+             "group is not supported yet (use --zero 0 or 1)")
     if cfg.tp > 1:
         kv_ = cfg.kv_heads or cfg.heads
         need(cfg.heads % cfg.tp == 0,
              f"--tp {cfg.tp} does not divide --heads {cfg.heads} (attention splits heads)")
         need(kv_ % cfg.tp == 0, f"--tp {cfg.tp} does not divide the {kv_} key/value heads "
              "(--kv-heads; grouped-query attention splits them too)")
-        need(not cfg.sequence_parallel or cfg.seq_len % cfg.tp == 0,
+        need(cfg.cp > 1 or not cfg.sequence_parallel or cfg.seq_len % cfg.tp == 0,
              f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")

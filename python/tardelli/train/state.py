@@ -161,6 +161,8 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     tp, tp_rank, pp = first.tp_size, first.tp_rank, cfg.pp
     dp = size // (tp * pp)
     # Megatron's order (tp fastest, then dp, pp slowest): world rank = (pp*dp + dp_rank)*tp + tp.
+    # Context-parallel ranks (between tp and dp) hold replicas like dp ranks: here dp counts
+    # dp x cp and dp_rank is the dp-cp index, so cp rank 0 of dp rank 0 writes the model.
     dp_rank, pp_rank = (rank // tp) % dp, rank // (tp * dp)
     dp_first = dp_rank == 0
     split = tp > 1 or pp > 1  # one model file per (stage, tp rank)
@@ -210,7 +212,7 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
             "data": {"consumed_samples": consumed_samples, "seed": cfg.seed,
                      "prefix": cfg.data, "synthetic": cfg.synthetic_data},
             "rng": {"dropout": {"seed": seed, "offset": offset, "subsequence": sub}},
-            "parallel": {"dp": dp, "tp": tp, "pp": pp, "vpp": cfg.vpp,
+            "parallel": {"dp": dp // cfg.cp, "cp": cfg.cp, "tp": tp, "pp": pp, "vpp": cfg.vpp,
                          "pipeline_layout": cfg.pipeline_layout, "world": size,
                          "zero": int(cfg.zero), "sequence_parallel": first.sequence_parallel},
             "train": cfg.to_dict(),

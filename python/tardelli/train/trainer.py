@@ -52,8 +52,8 @@ class Data:
     """The run's data: train/valid loaders, vocabulary size and (for real data) the tokenizer
     directory written by preprocess (PREFIX.tokenizer/)."""
 
-    def __init__(self, cfg, dp_rank=0, dp_size=1):
-        self.cfg, self.dp_rank, self.dp_size = cfg, dp_rank, dp_size
+    def __init__(self, cfg, dp_rank=0, dp_size=1, cp=None):
+        self.cfg, self.dp_rank, self.dp_size, self.cp = cfg, dp_rank, dp_size, cp
         self.tokenizer_dir = None
         if cfg.synthetic_data:
             self.vocab_size = cfg.vocab_size
@@ -86,6 +86,8 @@ class Data:
             consumed_samples))
 
     def _on_device(self, loader):
+        if self.cp is not None and self.cp.size > 1:
+            loader = ContextParallelLoader(loader, self.cp)
         return loader if self.cfg.device == "cpu" else DeviceLoader(loader, self.cfg.device)
 
     def valid_loader(self):
@@ -99,6 +101,23 @@ class Data:
             return None
         return self._on_device(td.data.DataLoader(
             self.valid, self.cfg.micro_batch_size, self.dp_rank, self.dp_size, 0))
+
+
+class ContextParallelLoader:
+    """A loader whose (x, y) batches are cut to this cp rank's zigzag tokens (chunks r and
+    2cp-1-r of 2cp; Note [Zigzag layout] in include/tardelli/parallel/context_parallel.h): the
+    ranks of a cp group read the same samples and each keeps its part."""
+
+    def __init__(self, loader, cp):
+        self._loader, self._cp = loader, cp
+
+    def next(self):
+        from ..distributed.model_parallel import context_parallel_slice
+        x, y = self._loader.next()
+        return context_parallel_slice(x, self._cp), context_parallel_slice(y, self._cp)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
 
 
 class DeviceLoader:
@@ -217,23 +236,25 @@ def train(cfg, world=None, out=print):
     from ..distributed.model_parallel import clip_grad_norm_ as tp_clip_grad_norm_
     from ..distributed.model_parallel import parallelize
     from ..distributed import pipeline_parallel as pipe_mod
-    if (cfg.zero or cfg.tp > 1 or cfg.pp > 1) and world is None:
+    if (cfg.zero or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1) and world is None:
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
     size = world.size if world is not None else 1
-    mp = cfg.tp * cfg.pp
+    mp = cfg.tp * cfg.pp * cfg.cp
     if size % mp != 0:
-        raise C.ConfigError(f"--tp {cfg.tp} x --pp {cfg.pp} does not divide the {size} ranks "
-                            "of this job (data-parallel size = ranks / (tp x pp); start the "
-                            "ranks with python -m tardelli.launch --nproc N)")
+        raise C.ConfigError(f"--tp {cfg.tp} x --cp {cfg.cp} x --pp {cfg.pp} does not divide the "
+                            f"{size} ranks of this job (data-parallel size = ranks / (tp x cp x "
+                            "pp); start the ranks with python -m tardelli.launch --nproc N)")
     dp_size = size // mp
     C.validate(cfg, dp_size)
     grid = None
     if world is not None:
-        # Megatron's rank order: tp fastest, then dp, pp slowest.
-        grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, pp=cfg.pp, dp=dp_size))
+        # Megatron's rank order: tp fastest, then cp, dp, pp slowest.
+        grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, cp=cfg.cp, pp=cfg.pp,
+                                                         dp=dp_size))
     dp_rank = grid.coords.dp if grid is not None else 0
     is_main = world is None or world.rank == 0
-    data = Data(cfg, dp_rank, dp_size)  # every tp/pp rank of a replica reads the same samples
+    # Every tp/cp/pp rank of a replica reads the same samples (a cp rank keeps its tokens).
+    data = Data(cfg, dp_rank, dp_size, grid.cp() if cfg.cp > 1 else None)
     mcfg = model_config(cfg, data.vocab_size)
     # Note [Parallelize step]: the model (or this rank's pipeline chunks) is built from the
     # seed with every parameter drawn from its own named stream, then each rank keeps its
@@ -244,10 +265,11 @@ def train(cfg, world=None, out=print):
         chunks = pipe_mod.build_stages(mcfg, grid.coords.pp, cfg.pp, cfg.vpp, layout)
     else:
         chunks = [td.models.GPT(mcfg)]
-    if cfg.tp > 1:
+    if cfg.tp > 1 or cfg.cp > 1:
         for ch in chunks:
             parallelize(ch, grid, sequence_parallel=cfg.sequence_parallel,
-                        make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
+                        make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by,
+                        cp_comm=cfg.cp_comm)
     for ch in chunks:
         # Recomputation is a training-time choice, not part of the model or its checkpoints.
         ch.set_recompute(cfg.recompute, cfg.recompute_layers or None)
@@ -271,10 +293,12 @@ def train(cfg, world=None, out=print):
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
         # into them, never set to None); a bucket's reduction starts as soon as backward has
         # produced its last gradient, and only on the last micro-batch of a step (ZeRO-2: on
-        # every micro-batch, into persistent gradient shards).
+        # every micro-batch, into persistent gradient shards). Context parallelism: replicated
+        # parameters see only this rank's tokens, so their gradients are averaged over dp x cp
+        # (Note [Context-parallel loss] in include/tardelli/parallel/context_parallel.h).
         ddp = dist.DistributedDataParallel(
-            named, group=grid.dp(), bucket_mb=cfg.ddp_bucket_mb, zero=cfg.zero,
-            own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
+            named, group=grid.dp_cp() if cfg.cp > 1 else grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
+            zero=cfg.zero, own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
     if cfg.zero:
         opt = dist.DistributedOptimizer(fsdp or ddp, groups, lr=cfg.lr,
                                         betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
@@ -298,7 +322,7 @@ def train(cfg, world=None, out=print):
     pipe = None
     if cfg.pp > 1:
         pipe = pipe_mod.PipelineRuntime(chunks, grid, cfg.schedule, accum, cfg.micro_batch_size,
-                                        cfg.seq_len)
+                                        cfg.seq_len // cfg.cp)
         pipe.sync_tied_grads = cfg.zero < 2
 
     start_step, consumed = 0, 0
@@ -335,6 +359,7 @@ def train(cfg, world=None, out=print):
             f"{' + optimizer offload' if cfg.offload_optimizer else ''}"
             f"{f', tp {cfg.tp}' if cfg.tp > 1 else ''}"
             f"{' + sequence parallel' if cfg.sequence_parallel else ''}"
+            f"{f', cp {cfg.cp} ({cfg.cp_comm})' if cfg.cp > 1 else ''}"
             f"{f', pp {cfg.pp} ({cfg.schedule}, vpp {cfg.vpp})' if cfg.pp > 1 else ''}); "
             f"GEMM peak {peak / 1e9:.0f} GFLOP/s")
         if resumed_from:
@@ -465,7 +490,7 @@ def train(cfg, world=None, out=print):
         metrics.close()
 
     summary = {"event": "train_end", "step": step, "params": n_params, "dp": dp_size,
-               "tp": cfg.tp, "pp": cfg.pp,
+               "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp,
                "local_params": sum(ch.local_num_parameters() for ch in chunks),
                "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
                max(t_train, 1e-9)}
