@@ -28,40 +28,18 @@
 #include "tardelli/ops/reduction.h"
 #include "tardelli/parallel/context_parallel.h"
 
+#include "distributed/parallel_test_util.h"
+
 namespace td::parallel {
 namespace {
+
+using namespace td::parallel_test;
 
 using distributed::CommPtr;
 
 CommPtr cp_group() {
   static CommPtr w = distributed::mpi_world();  // cp = the whole world
   return w;
-}
-
-Tensor full_randn(const Shape& shape, uint64_t seed) {
-  Generator g(seed);
-  return randn(shape, {}, &g);
-}
-
-Tensor leaf(const Tensor& t) {
-  return t.detach().clone().set_requires_grad(true);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0.0;
-  for (float v : to_vector<float>(t)) m = std::max(m, static_cast<double>(std::fabs(v)));
-  return m;
-}
-
-void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what << ": undefined";
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  std::vector<float> g = to_vector<float>(got.contiguous()),
-                     w = to_vector<float>(want.contiguous());
-  const double tol = rel * max_abs(want);
-  double worst = 0.0;
-  for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(double(g[i]) - w[i]));
-  EXPECT_LE(worst, tol) << what << ": max |diff| " << worst << " > tol " << tol;
 }
 
 constexpr double kRel = 2e-5;

@@ -22,10 +22,14 @@
 #include "tardelli/models/gpt.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/parallel/parallelize.h"
+
+#include "distributed/parallel_test_util.h"
 #include "test_util.h"
 
 namespace td::parallel {
 namespace {
+
+using namespace td::parallel_test;
 
 using distributed::CommPtr;
 using models::Arch;
@@ -53,12 +57,6 @@ GPTConfig tiny(Arch arch, int cp) {
   c.d_model = 32;
   c.seed = 4321;
   return c;
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0.0;
-  for (float v : to_vector<float>(t)) m = std::max(m, static_cast<double>(std::fabs(v)));
-  return m;
 }
 
 void check(Arch arch, CPComm comm, bool ignore = false) {

@@ -39,10 +39,14 @@
 #include "tardelli/models/gpt.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/parallel/parallelize.h"
+
+#include "distributed/parallel_test_util.h"
 #include "test_util.h"
 
 namespace td::parallel {
 namespace {
+
+using namespace td::parallel_test;
 
 using distributed::CommPtr;
 using models::Arch;
@@ -79,27 +83,6 @@ ParallelOptions options(bool sequence_parallel) {
 Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
   Generator g(seed);
   return randint(0, 37, {B, T}, {DType::Int64}, &g);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0.0;
-  for (float v : to_vector<float>(t)) m = std::max(m, static_cast<double>(std::fabs(v)));
-  return m;
-}
-
-// |got - want| <= rel * max|want| elementwise (rel = 0: bitwise).
-void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what << ": undefined";
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const std::vector<float> g = to_vector<float>(got), w = to_vector<float>(want);
-  const double tol = rel * max_abs(want);
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (rel == 0.0) {
-      ASSERT_EQ(g[i], w[i]) << what << " at flat index " << i << " (bitwise)";
-    } else {
-      ASSERT_NEAR(g[i], w[i], tol) << what << " at flat index " << i;
-    }
-  }
 }
 
 // The full tensor of which `shard` is this rank's piece under `spec` (collective over tp): every

@@ -41,10 +41,14 @@
 #include "tardelli/parallel/layers.h"
 #include "tardelli/parallel/tensor_parallel.h"
 #include "tardelli/parallel/vocab_parallel.h"
+
+#include "distributed/parallel_test_util.h"
 #include "test_util.h"
 
 namespace td::parallel {
 namespace {
+
+using namespace td::parallel_test;
 
 using distributed::CommPtr;
 using test::error_of;
@@ -58,36 +62,10 @@ CommPtr tp_group() {
   return w;
 }
 
-Tensor leaf(const Tensor& t) {
-  return t.detach().clone().set_requires_grad(true);
-}
-
 // This rank's chunk of dim `dim` (the split of sequence parallelism and of column shards).
 Tensor chunk(const Tensor& t, int64_t dim, const CommPtr& tp) {
   const int64_t k = t.size(dim) / tp->size();
   return t.detach().narrow(dim, tp->rank() * k, k).contiguous();
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0.0;
-  for (float v : to_vector<float>(t)) m = std::max(m, static_cast<double>(std::fabs(v)));
-  return m;
-}
-
-// |got - want| <= rel * max|want| elementwise; rel = 0: bitwise equal.
-void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what << ": undefined";
-  ASSERT_TRUE(want.defined()) << what << ": reference undefined";
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  std::vector<float> g = to_vector<float>(got), w = to_vector<float>(want);
-  const double tol = rel * max_abs(want);
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (rel == 0.0) {
-      ASSERT_EQ(g[i], w[i]) << what << " at flat index " << i << " (bitwise)";
-    } else {
-      ASSERT_NEAR(g[i], w[i], tol) << what << " at flat index " << i;
-    }
-  }
 }
 
 void expect_error_naming(const std::string& msg, const std::string& name, const std::string& what) {

@@ -33,45 +33,18 @@
 #include "tardelli/parallel/rng_tracker.h"
 #include "tardelli/parallel/tensor_parallel.h"
 
+#include "distributed/parallel_test_util.h"
+
 namespace td::parallel {
 namespace {
+
+using namespace td::parallel_test;
 
 using distributed::CommPtr;
 
 CommPtr tp_group() {
   static CommPtr w = distributed::mpi_world();  // tp = the whole world
   return w;
-}
-
-// The same tensor on every rank: drawn from a generator seeded `seed`.
-Tensor full_randn(const Shape& shape, uint64_t seed) {
-  Generator g(seed);
-  return randn(shape, {}, &g);
-}
-
-Tensor leaf(const Tensor& t) {
-  return t.detach().clone().set_requires_grad(true);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0.0;
-  for (float v : to_vector<float>(t)) m = std::max(m, static_cast<double>(std::fabs(v)));
-  return m;
-}
-
-// |got - want| <= rel * max|want| elementwise (rel = 0: bitwise equal).
-void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what << ": undefined";
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  std::vector<float> g = to_vector<float>(got), w = to_vector<float>(want);
-  const double tol = rel * max_abs(want);
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (rel == 0.0) {
-      ASSERT_EQ(g[i], w[i]) << what << " at flat index " << i << " (bitwise)";
-    } else {
-      ASSERT_NEAR(g[i], w[i], tol) << what << " at flat index " << i;
-    }
-  }
 }
 
 constexpr double kRel = 1e-5;
