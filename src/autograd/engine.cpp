@@ -1,7 +1,6 @@
 #include "tardelli/autograd/engine.h"
 
 #include <algorithm>
-
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -16,11 +15,24 @@ namespace {
 // Note [Engine]: a node becomes ready when every edge into it has delivered (its dependency
 // count reaches zero). Among ready nodes the most recently created runs first, which keeps
 // memory low on a sequential model (each layer's activations are freed right after its backward).
-struct ByNewest {
-  bool operator()(const Node* a, const Node* b) const {
-    return a->sequence_nr() < b->sequence_nr();
+// AccumulateGrad nodes go before everything else (as in PyTorch): a leaf's gradient is complete
+// the moment its node is ready, and accumulating it at once frees the incoming buffer (summed
+// into .grad, or handed to a DDP bucket / reduce-scatter by the post-accumulate hooks). By
+// creation order alone the leaves, created before any op, would run last, and every gradient
+// of a model whose .grad already exists (gradient accumulation) would be held to the end of
+// backward: one extra copy of all gradients at the peak.
+struct Ready {
+  bool leaf;
+  uint64_t sequence_nr;
+  Node* node;
+  bool operator<(const Ready& o) const {
+    return leaf != o.leaf ? o.leaf : sequence_nr < o.sequence_nr;
   }
 };
+
+Ready make_ready(Node* n) {
+  return {dynamic_cast<AccumulateGrad*>(n) != nullptr, n->sequence_nr(), n};
+}
 
 struct Capture {
   std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> at;  // node -> (input, slot)
@@ -102,16 +114,16 @@ void run(const TensorList& roots, const TensorList& grad_roots, bool retain_grap
     }
   }
 
-  std::priority_queue<Node*, std::vector<Node*>, ByNewest> ready;
+  std::priority_queue<Ready> ready;
   for (const auto& e : root_edges) {
     if (deps[e.fn.get()] == 0) {
       deps[e.fn.get()] = -1;  // queued
-      ready.push(e.fn.get());
+      ready.push(make_ready(e.fn.get()));
     }
   }
 
   while (!ready.empty()) {
-    Node* n = ready.top();
+    Node* n = ready.top().node;
     ready.pop();
     TensorList grads = std::move(buffers[n]);
     buffers.erase(n);
@@ -146,7 +158,7 @@ void run(const TensorList& roots, const TensorList& grad_roots, bool retain_grap
       }
       if (--deps[e.fn.get()] == 0) {
         deps[e.fn.get()] = -1;
-        ready.push(e.fn.get());
+        ready.push(make_ready(e.fn.get()));
       }
     }
   }

@@ -5,7 +5,9 @@
 using namespace td;
 
 namespace {
-std::vector<float> v(const Tensor& t) { return to_vector<float>(t); }
+std::vector<float> v(const Tensor& t) {
+  return to_vector<float>(t);
+}
 }  // namespace
 
 // A value used twice gets the sum of both paths' gradients (diamond graph): y = (x*2) * (x+1)
@@ -149,4 +151,32 @@ TEST(Engine, ReleasesSavedTensors) {
   y.backward();
   // All 20 saved outputs (256 KiB each) are gone after backward; x.grad (256 KiB) is new.
   EXPECT_LE(memory_stats().current_bytes, before - 19 * (1 << 18));
+}
+
+// Note [Engine]: a leaf's gradient is accumulated as soon as it is complete, not after the rest
+// of backward, also when the leaf's AccumulateGrad node is older than every op node: it is
+// made on the leaf's first use and reused while any graph still refers to it, as the previous
+// iteration's loss does in a training loop (`loss = model(x)` replaces it only after the new
+// forward). Two layers h1 = tanh(x w1), y = sum(tanh(h1 w2)): w2's gradient must land before
+// h1's gradient flows on into layer 1, in the first and in the second iteration alike.
+TEST(Engine, LeafGradientsAccumulateAsSoonAsComplete) {
+  Tensor x = randn({4, 8});
+  Tensor w1 = randn({8, 8}).set_requires_grad(true);
+  Tensor w2 = randn({8, 8}).set_requires_grad(true);
+  std::vector<std::string> order;
+  w2.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("w2"); });
+  w1.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("w1"); });
+  Tensor loss;
+  for (int it = 0; it < 2; ++it) {
+    order.clear();
+    Tensor h1 = tanh(matmul(x, w1));
+    h1.register_hook([&](const Tensor&) -> std::optional<Tensor> {
+      order.push_back("h1");
+      return std::nullopt;
+    });
+    Tensor next = sum(tanh(matmul(h1, w2)));  // the previous loss (and graph) is still alive
+    loss = next;
+    loss.backward();
+    EXPECT_EQ(order, (std::vector<std::string>{"w2", "h1", "w1"})) << "iteration " << it;
+  }
 }
