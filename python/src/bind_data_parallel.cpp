@@ -83,8 +83,9 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       .def("grad_buffer_bytes", &DistributedDataParallel::grad_buffer_bytes)
       .def("bucket_shard_ranges", [](const DistributedDataParallel& x) {
         // per bucket: [(name, bucket offset, numel)], padded size, shard size
-        std::vector<std::tuple<std::vector<std::tuple<std::string, int64_t, int64_t>>, int64_t,
-                               int64_t>> r;
+        std::vector<
+            std::tuple<std::vector<std::tuple<std::string, int64_t, int64_t>>, int64_t, int64_t>>
+            r;
         for (const auto& b : x.buckets()) {
           std::vector<std::tuple<std::string, int64_t, int64_t>> ps;
           for (size_t i : b.params) {
@@ -123,7 +124,7 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       "(include/tardelli/distributed/distributed_optimizer.h)")
       .def(py::init([](DistributedDataParallel& ddp, const std::vector<GroupSpec>& groups,
                        double lr, double beta1, double beta2, double eps, double weight_decay,
-                       bool offload, std::vector<Tensor> param_shards) {
+                       bool offload, std::shared_ptr<FullyShardedDataParallel> fsdp) {
              optim::AdamWOptions o;
              o.lr = lr;
              o.beta1 = beta1;
@@ -132,11 +133,11 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
              o.weight_decay = weight_decay;
              return std::make_shared<DistributedOptimizer>(
                  ddp, groups_from(groups), o,
-                 distributed::ShardedOptimizerOptions{offload, std::move(param_shards)});
+                 fsdp ? fsdp->optimizer_options(offload)
+                      : distributed::ShardedOptimizerOptions{.offload = offload});
            }),
            "ddp"_a, "groups"_a, "lr"_a = 1e-3, "beta1"_a = 0.9, "beta2"_a = 0.999, "eps"_a = 1e-8,
-           "weight_decay"_a = 1e-2, "offload"_a = false,
-           "param_shards"_a = std::vector<Tensor>{},
+           "weight_decay"_a = 1e-2, "offload"_a = false, "fsdp"_a = nullptr,
            py::keep_alive<1, 2>())  // the DDP outlives the optimizer
       .def("step", &DistributedOptimizer::step, nogil())
       .def("zero_grad", &DistributedOptimizer::zero_grad, nogil())
@@ -165,8 +166,8 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
            })
       .def("optimizer_state_bytes", &DistributedOptimizer::optimizer_state_bytes)
       .def("host_state_bytes", &DistributedOptimizer::host_state_bytes)
-      .def("write_masters_to_param_shards",
-           &DistributedOptimizer::write_masters_to_param_shards, nogil())
+      .def("write_masters_to_param_shards", &DistributedOptimizer::write_masters_to_param_shards,
+           nogil())
       .def("step_count", &DistributedOptimizer::step_count)
       .def("named_state", &DistributedOptimizer::named_state)
       .def("load_named_state", &DistributedOptimizer::load_named_state, "state"_a, nogil())

@@ -83,11 +83,20 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
       TD_CHECK(options_.param_shards[b].numel() == buckets[b].shard_numel &&
                    options_.param_shards[b].dtype() == DType::Float32,
                "DistributedOptimizer: parameter shard ", b, " is ",
-               describe(options_.param_shards[b]), ", expected float32 [",
-               buckets[b].shard_numel, "] (rank ", r, ")");
+               describe(options_.param_shards[b]), ", expected float32 [", buckets[b].shard_numel,
+               "] (rank ", r, ")");
     }
   }
   const Device host = kCPU;
+  // Note [Masters are the parameters]: without offload, the fp32 master of a piece is the
+  // parameter's own slice (ZeRO-1/2) or the parameter shard (ZeRO-3), updated in place, as
+  // Megatron's distributed optimizer keeps no main-param copy of fp32 parameters: 4 bytes per
+  // shard element less. (The ZeRO-1/2 all-gather still stages the shard contiguously.) A
+  // parameter in another dtype, or offload, keeps a separate fp32 copy.
+  alias_ = !options_.offload;
+  for (const auto& p : params) {
+    if (p.param.dtype() != DType::Float32 || !p.param.is_contiguous()) alias_ = false;
+  }
   for (size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bk = buckets[b];
     const int64_t lo = r * bk.shard_numel, hi = lo + bk.shard_numel;
@@ -105,7 +114,8 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
       Tensor src = zero3 ? options_.param_shards[b].narrow(0, a - lo, pc.numel)
                          : p.param.reshape({-1}).narrow(0, pc.start, pc.numel);
       const Device where = options_.offload ? host : p.param.device();
-      pc.master = src.to(DType::Float32).to(where).clone();
+      // Note [Masters are the parameters].
+      pc.master = alias_ ? src : src.to(DType::Float32).to(where).clone();
       pc.exp_avg = zeros({pc.numel}, {DType::Float32, where});
       pc.exp_avg_sq = zeros({pc.numel}, {DType::Float32, where});
       pc.grad = ddp.shard_grad(b).narrow(0, a - lo, pc.numel);
@@ -161,10 +171,14 @@ void DistributedOptimizer::step() {
   const auto& params = ddp_.params();
   const int64_t r = ddp_.comm()->rank();
   for (const auto& pc : pieces_) {
+    if (!options_.param_shards.empty() && alias_) break;  // updated in place (ZeRO-3)
     const int64_t lo = r * buckets[pc.bucket].shard_numel;
     copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
   }
-  if (!options_.param_shards.empty()) return;  // ZeRO-3: gathered when next used
+  if (!options_.param_shards.empty()) {  // ZeRO-3: gathered when next used
+    if (options_.param_shards_written) options_.param_shards_written();
+    return;
+  }
   std::vector<WorkPtr> work(buckets.size());
   std::vector<Tensor> gathered(buckets.size());
   const auto finish = [&](size_t b) {
@@ -177,8 +191,7 @@ void DistributedOptimizer::step() {
     gathered[b] = Tensor();
   };
   for (size_t b = 0; b < buckets.size(); ++b) {
-    gathered[b] = Tensor::empty({buckets[b].padded_numel}, DType::Float32,
-                                shard_in_[b].device());
+    gathered[b] = Tensor::empty({buckets[b].padded_numel}, DType::Float32, shard_in_[b].device());
     work[b] = ddp_.comm()->all_gather(gathered[b], shard_in_[b], /*async_op=*/true);
     if (b > 0) finish(b - 1);
   }
@@ -272,10 +285,14 @@ int64_t DistributedOptimizer::host_state_bytes() const {
 int64_t DistributedOptimizer::optimizer_state_bytes() const {
   int64_t bytes = 0;
   for (const auto& pc : pieces_) {
-    bytes +=
-        static_cast<int64_t>(pc.master.nbytes() + pc.exp_avg.nbytes() + pc.exp_avg_sq.nbytes());
+    const size_t master = alias_ ? 0 : pc.master.nbytes();
+    bytes += static_cast<int64_t>(master + pc.exp_avg.nbytes() + pc.exp_avg_sq.nbytes());
   }
   return bytes;
+}
+
+bool DistributedOptimizer::masters_are_params() const {
+  return alias_;
 }
 
 std::map<std::string, Tensor> DistributedOptimizer::named_state() const {
@@ -329,6 +346,7 @@ void DistributedOptimizer::sync_master_from_params() {
   const auto& buckets = ddp_.buckets();
   const int64_t r = ddp_.comm()->rank();
   for (auto& pc : pieces_) {
+    if (alias_) break;  // the masters are the parameters (or their shards)
     if (!options_.param_shards.empty()) {
       const int64_t lo = r * buckets[pc.bucket].shard_numel;
       copy_into(pc.master, shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel));
@@ -345,9 +363,11 @@ void DistributedOptimizer::write_masters_to_param_shards() {
   const auto& buckets = ddp_.buckets();
   const int64_t r = ddp_.comm()->rank();
   for (const auto& pc : pieces_) {
+    if (alias_) break;  // loaded in place
     const int64_t lo = r * buckets[pc.bucket].shard_numel;
     copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
   }
+  if (options_.param_shards_written) options_.param_shards_written();
 }
 
 }  // namespace td::distributed

@@ -40,23 +40,28 @@ struct FullyShardedDataParallel::State {
     Tensor flat;   // the gather's output while in flight
     WorkPtr work;  // the gather in flight
     int64_t pending_grads = 0;
+    // Its gradients of the current backward are complete (set when on_grad_ready frees it,
+    // cleared when a forward uses it again): a backward prefetch must not gather it again.
+    bool backward_done = false;
   };
 
   CommPtr comm;
   FSDPOptions opt;
   std::vector<Unit> units;
-  std::vector<Tensor> shards;   // per DDP bucket
-  std::vector<int64_t> unit_of; // per DDP param: its unit
-  std::vector<size_t> slot_of;  // per DDP param: its position in its unit
+  std::vector<Tensor> shards;                           // per DDP bucket
+  std::vector<int64_t> unit_of;                         // per DDP param: its unit
+  std::vector<size_t> slot_of;                          // per DDP param: its position in its unit
   std::unordered_map<const TensorImpl*, size_t> index;  // parameter -> DDP param index
-  std::vector<char> got_grad;   // per DDP param, in the current backward
+  std::vector<char> got_grad;                           // per DDP param, in the current backward
   const DistributedDataParallel* ddp = nullptr;
   int64_t gathers = 0;
   int64_t bytes = 0, peak = 0;
   std::mutex mu;
 
   const BucketParam& param(size_t i) const { return ddp->params()[i]; }
-  const Bucket& bucket(const Unit& u) const { return ddp->buckets()[static_cast<size_t>(u.bucket)]; }
+  const Bucket& bucket(const Unit& u) const {
+    return ddp->buckets()[static_cast<size_t>(u.bucket)];
+  }
 
   void issue(int64_t k) {
     Unit& u = units[static_cast<size_t>(k)];
@@ -149,7 +154,24 @@ struct FullyShardedDataParallel::State {
     if (--u.pending_grads > 0) return;
     u.pending_grads = static_cast<int64_t>(u.params.size());
     for (size_t j : u.params) got_grad[j] = 0;
+    u.backward_done = true;
     free_unit(unit_of[i]);
+  }
+
+  // Note [Stale gathers]: once the optimizer has written new values into the shards, a unit
+  // still gathered (a prefetch nobody used, the tied embedding held through backward) holds the
+  // old ones, and a forward would use them. The optimizer calls this after every write.
+  void shards_written() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t k = 0; k < units.size(); ++k) free_unit(static_cast<int64_t>(k));
+  }
+
+  // Backward prefetch (Note [FSDP prefetch]) of the unit before k, unless its gradients are
+  // already complete: the tied head on the last pipeline stage is unit 0 there, done before
+  // the blocks' backward reaches it, and a gather then would only hold memory.
+  void prefetch_before(int64_t k) {
+    const int64_t prev = neighbour(k, -1);
+    if (prev >= 0 && !units[static_cast<size_t>(prev)].backward_done) issue(prev);
   }
 };
 
@@ -160,11 +182,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::vector<nn::NamedTensors>
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   TD_CHECK(dp != nullptr, "FullyShardedDataParallel: the data-parallel communicator is null");
-  TD_CHECK(chunk_of.empty() || chunk_of.size() == units.size(), "FullyShardedDataParallel: ",
-           chunk_of.size(), " chunk indices for ", units.size(), " units");
+  TD_CHECK(chunk_of.empty() || chunk_of.size() == units.size(),
+           "FullyShardedDataParallel: ", chunk_of.size(), " chunk indices for ", units.size(),
+           " units");
   TD_CHECK(gather_dtypes.empty() || gather_dtypes.size() == units.size(),
-           "FullyShardedDataParallel: ", gather_dtypes.size(), " gather dtypes for ",
-           units.size(), " units");
+           "FullyShardedDataParallel: ", gather_dtypes.size(), " gather dtypes for ", units.size(),
+           " units");
   s.comm = dp;
   s.opt = options;
   nn::NamedTensors flat;
@@ -176,8 +199,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::vector<nn::NamedTensors>
       TD_CHECK(p.defined() && p.dtype() == DType::Float32 && p.is_contiguous() &&
                    p.storage_offset() == 0 &&
                    p.storage().nbytes() == static_cast<size_t>(p.numel()) * 4,
-               "FullyShardedDataParallel: parameter '", name, "' must be a contiguous float32 "
-               "tensor owning its storage, got ", p.defined() ? describe(p) : "undefined");
+               "FullyShardedDataParallel: parameter '", name,
+               "' must be a contiguous float32 "
+               "tensor owning its storage, got ",
+               p.defined() ? describe(p) : "undefined");
       s.slot_of.push_back(u.params.size());
       s.index[p.impl()] = flat.size();
       u.params.push_back(flat.size());
@@ -276,6 +301,7 @@ void FullyShardedDataParallel::materialize(int64_t unit) {
   // Note [FSDP prefetch]: not when a later unit is still full (the tied head reusing unit 0,
   // a recomputed block inside backward): the next unit would not be used next.
   const bool in_order = !s.later_unit_full(unit);
+  s.units[static_cast<size_t>(unit)].backward_done = false;
   s.ensure_full(unit);
   if (s.opt.prefetch && in_order) {
     const int64_t next = s.neighbour(unit, +1);
@@ -295,20 +321,16 @@ Tensor FullyShardedDataParallel::release(const std::vector<int64_t>& units, cons
   if (!autograd::needs_grad({y})) return y;
   Tensor out = y.detach();  // identity: shares y's storage
   std::weak_ptr<State> weak = state_;
-  autograd::record(
-      "FSDPUnitBackward", {y}, {&out},
-      [weak, units, shape = y.sizes(), dt = y.dtype(), dev = y.device()](const TensorList& g,
-                                                                        const auto&) {
-        if (auto st = weak.lock()) {
-          std::lock_guard<std::mutex> lock(st->mu);
-          for (int64_t k : units) st->ensure_full(k);
-          if (st->opt.prefetch) {
-            const int64_t prev = st->neighbour(units.front(), -1);
-            if (prev >= 0) st->issue(prev);
-          }
-        }
-        return TensorList{g[0].defined() ? g[0] : zeros(shape, {dt, dev, false})};
-      });
+  autograd::record("FSDPUnitBackward", {y}, {&out},
+                   [weak, units, shape = y.sizes(), dt = y.dtype(), dev = y.device()](
+                       const TensorList& g, const auto&) {
+                     if (auto st = weak.lock()) {
+                       std::lock_guard<std::mutex> lock(st->mu);
+                       for (int64_t k : units) st->ensure_full(k);
+                       if (st->opt.prefetch) st->prefetch_before(units.front());
+                     }
+                     return TensorList{g[0].defined() ? g[0] : zeros(shape, {dt, dev, false})};
+                   });
   return out;
 }
 
@@ -339,6 +361,20 @@ std::optional<Tensor> FullyShardedDataParallel::compute_param(const Tensor& p, D
                      });
   }
   return out;
+}
+
+void FullyShardedDataParallel::shards_written() {
+  state_->shards_written();
+}
+
+ShardedOptimizerOptions FullyShardedDataParallel::optimizer_options(bool offload) {
+  ShardedOptimizerOptions o;
+  o.offload = offload;
+  o.param_shards = state_->shards;
+  o.param_shards_written = [weak = std::weak_ptr<State>(state_)] {
+    if (auto st = weak.lock()) st->shards_written();
+  };
+  return o;
 }
 
 DistributedDataParallel& FullyShardedDataParallel::ddp() {

@@ -59,8 +59,9 @@ TEST(ZeRO1, FiveStepsMatchSingleProcess) {
 }
 
 // Property: the shards partition the parameters: summed over ranks the optimizer state is
-// exactly 12 bytes (master + exp_avg + exp_avg_sq, fp32) per parameter element, and each rank
-// holds at most its buckets' shard sizes, i.e. total / dp up to the padding of each bucket.
+// exactly 8 bytes (exp_avg + exp_avg_sq, fp32; the masters are the fp32 parameters' own slices,
+// Note [Masters are the parameters]) per parameter element, and each rank holds at most its
+// buckets' shard sizes, i.e. total / dp up to the padding of each bucket.
 TEST(ZeRO1, StateBytesAreOneOverDp) {
   CommPtr comm = world();
   const int n = comm->size();
@@ -71,15 +72,20 @@ TEST(ZeRO1, StateBytesAreOneOverDp) {
   const int64_t mine = opt.optimizer_state_bytes();
   Tensor all = full({1}, static_cast<double>(mine), {DType::Int64});
   comm->all_reduce(all, ReduceOp::Sum);
-  EXPECT_EQ(all.item<int64_t>(), 12 * total);
+  ASSERT_TRUE(opt.masters_are_params());
+  EXPECT_EQ(all.item<int64_t>(), 8 * total);
   int64_t shard = 0, padding = 0;
   for (const auto& bk : ddp.buckets()) {
     shard += bk.shard_numel;
     padding += bk.padded_numel - bk.numel;
   }
-  EXPECT_LE(mine, 12 * shard);
-  EXPECT_GE(mine, 12 * (shard - padding));
-  EXPECT_LE(std::abs(static_cast<double>(mine) - 12.0 * total / n), 12.0 * padding + 12.0);
+  EXPECT_LE(mine, 8 * shard);
+  EXPECT_GE(mine, 8 * (shard - padding));
+  EXPECT_LE(std::abs(static_cast<double>(mine) - 8.0 * total / n), 8.0 * padding + 8.0);
+  // Each master is a view of its parameter: no fp32 copy.
+  for (const auto& pc : opt.pieces()) {
+    EXPECT_TRUE(pc.master.shares_storage(ddp.params()[pc.param].param)) << pc.param;
+  }
 }
 
 // Property: named_state() round-trips: loading a saved shard state into a fresh optimizer over
@@ -232,9 +238,9 @@ TEST(ZeRO2, AccumulatedStepsMatchSingleProcess) {
       EXPECT_EQ(ddp.grad_buffer_bytes(), shard_bytes);
       const double norm = opt.clip_grad_norm(0.5);
       opt.step();
-      expect_step_matches(*comm, loss, norm, want, 0.5,
-                          "ZeRO-2 step " + std::to_string(step) + " bucket_bytes " +
-                              std::to_string(bucket_bytes));
+      expect_step_matches(
+          *comm, loss, norm, want, 0.5,
+          "ZeRO-2 step " + std::to_string(step) + " bucket_bytes " + std::to_string(bucket_bytes));
     }
     expect_params_match_and_replicated(*comm, *model, *ref);
   }
@@ -245,7 +251,8 @@ TEST(ZeRO2, AccumulatedStepsMatchSingleProcess) {
 // with accumulation and clipping (on the CPU backend both run the same kernels; a step that did
 // not copy the gradient to the host, or the masters back, would differ by O(lr)). The host
 // holds 16 bytes per shard element (master, both moments, the gradient copy) in tensors of
-// their own, none sharing storage with the device shards; without offload it holds none.
+// their own, none sharing storage with the device shards; without offload it holds none. The
+// masters (parameters' own slices on the device) are bitwise the same arithmetic either way.
 TEST(Offload, BitwiseEqualToOnDevice) {
   CommPtr comm = world();
   const int r = comm->rank(), n = comm->size();
@@ -267,11 +274,14 @@ TEST(Offload, BitwiseEqualToOnDevice) {
     }
     EXPECT_EQ(opt_b.host_state_bytes(), 16 * shard);
     EXPECT_EQ(opt_a.host_state_bytes(), 0);
-    EXPECT_EQ(opt_b.optimizer_state_bytes(), opt_a.optimizer_state_bytes());
+    // On the device the masters are the parameters (Note [Masters are the parameters]); the
+    // host keeps a master copy besides both moments.
+    EXPECT_EQ(opt_b.optimizer_state_bytes() * 8, opt_a.optimizer_state_bytes() * 12);
     for (int step = 0; step < 3; ++step) {
       Batch global = global_batch(kRowsPerRank * n, 60 + step);
       using Run = std::tuple<models::GPT*, DistributedDataParallel*, DistributedOptimizer*>;
-      for (auto [m, d, opt] : std::vector<Run>{{a.get(), &ddp_a, &opt_a}, {b.get(), &ddp_b, &opt_b}}) {
+      for (auto [m, d, opt] :
+           std::vector<Run>{{a.get(), &ddp_a, &opt_a}, {b.get(), &ddp_b, &opt_b}}) {
         opt->zero_grad();
         two_microbatch_step(*m, *d, global, r);
         opt->clip_grad_norm(0.5);

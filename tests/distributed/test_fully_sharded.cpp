@@ -54,7 +54,7 @@ TEST(FSDP, AccumulatedStepsMatchSingleProcess) {
     optim::AdamW ref_opt(dp_test::adamw_groups(*ref, 0.1), ao);
     auto groups = dp_test::adamw_groups(*model, 0.1);
     auto fsdp = FullyShardedDataParallel::shard({model}, comm);
-    DistributedOptimizer opt(fsdp->ddp(), groups, ao, {.param_shards = fsdp->param_shards()});
+    DistributedOptimizer opt(fsdp->ddp(), groups, ao, fsdp->optimizer_options());
     for (int step = 0; step < 3; ++step) {
       Batch global = global_batch(kRowsPerRank * n, 80 + step);
       const StepResult want = reference_step(*ref, ref_opt, global, 0.5);
@@ -133,8 +133,8 @@ TEST(FSDP, ParametersLiveInShardsBetweenUses) {
   EXPECT_EQ(fsdp->gathered_bytes(), 0);
   // The allocator agrees: no gathered buffer or full gradient bucket outlives the step.
   EXPECT_LT(memory_stats().current_bytes - before, 4 * largest_block / 4);
-  const int64_t bound = 4 * (unit_numel(units[0]) + unit_numel(units[1]) +
-                             unit_numel(units[6]) + 2 * largest_block + 4 * n);
+  const int64_t bound = 4 * (unit_numel(units[0]) + unit_numel(units[1]) + unit_numel(units[6]) +
+                             2 * largest_block + 4 * n);
   EXPECT_LE(fsdp->peak_gathered_bytes(), bound);
   EXPECT_LT(bound, 4 * total);
   EXPECT_NE(error_of([&] { model->generate(b.idx, 1); }).find("sharded"), std::string::npos);
@@ -227,6 +227,44 @@ TEST(FSDP, Bf16GathersMatchUnshardedBf16) {
   const int64_t bound16 = 4 * tables + 2 * (unit_numel(units.back()) + 2 * largest_block) + 64;
   EXPECT_LE(fsdp->peak_gathered_bytes(), bound16);
   EXPECT_LT(bound16, 4 * (tables + unit_numel(units.back()) + 2 * largest_block));
+}
+
+// Property (Note [Stale gathers]): a unit still gathered when the optimizer writes new values
+// into the shards (here block 0, gathered by hand after backward, as a prefetch nobody used
+// would be) is dropped by the step, and its next gather holds the updated values, equal to the
+// full parameters the shards now give. Without the drop the next forward would silently train
+// on the previous step's weights.
+TEST(FSDP, OptimizerStepDropsStaleGathers) {
+  CommPtr comm = world();
+  const int r = comm->rank(), n = comm->size();
+  auto model = four_layer_gpt(models::Arch::Llama);
+  auto groups = dp_test::adamw_groups(*model, 0.1);
+  auto fsdp = FullyShardedDataParallel::shard({model}, comm);
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  DistributedOptimizer opt(fsdp->ddp(), groups, ao, fsdp->optimizer_options());
+  Batch b = global_batch(kRowsPerRank * n, 7).rows(r * kRowsPerRank, kRowsPerRank);
+  opt.zero_grad();
+  model->forward(b.idx, b.targets).backward();
+  fsdp->ddp().finish_grad_sync();
+  const int64_t block0 = 2;  // Note [GPT parameter units]: wte, wpe (empty for llama), blocks
+  fsdp->materialize(block0);
+  ASSERT_GT(fsdp->gathered_bytes(), 0);
+  const auto unit = model->param_units()[static_cast<size_t>(block0)];
+  ASSERT_FALSE(unit.empty());
+  const Tensor before = unit[0].second.clone();
+  opt.step();
+  EXPECT_EQ(fsdp->gathered_bytes(), 0) << "the step left a unit gathered from old values";
+  std::map<std::string, Tensor> full_now;
+  for (auto& [name, p] : fsdp->full_parameters()) full_now[name] = p;
+  fsdp->materialize(block0);
+  const Tensor after = unit[0].second.clone();
+  {
+    autograd::NoGradGuard ng;
+    fsdp->release({block0}, zeros({1}));
+  }
+  EXPECT_EQ(to_vector<float>(after), to_vector<float>(full_now.at(unit[0].first))) << unit[0].first;
+  EXPECT_NE(to_vector<float>(after), to_vector<float>(before)) << "the step changed nothing";
 }
 
 }  // namespace

@@ -65,15 +65,15 @@ def test_data_parallel_losses_match_one_rank(reference, tmp_path, nproc, mbs, ze
 
 
 def test_zero1_shards_optimizer_state(tmp_path):
-    # Property: ZeRO-1 keeps fp32 master weights and both AdamW moments (12 bytes per
-    # parameter) only for this rank's 1/dp shard: rank 0's bytes are 12 x params / dp up to
-    # the bucket padding (< 1%).
+    # Property: ZeRO-1 keeps both AdamW moments (8 bytes per parameter; the fp32 parameters
+    # are their own masters) only for this rank's 1/dp shard: rank 0's bytes are
+    # 8 x params / dp up to the bucket padding (< 1%).
     out = {}
     for n in (2, 4):
         s = train(n, "--micro-batch-size", str(8 // n), "--zero", "1", "--steps", "1")
         out[n] = json.loads([x for x in s.splitlines() if '"train_end"' in x][0])
     for n, s in out.items():
-        assert s["optimizer_state_bytes"] == pytest.approx(12 * s["params"] / n, rel=0.01)
+        assert s["optimizer_state_bytes"] == pytest.approx(8 * s["params"] / n, rel=0.01)
 
 
 def test_zero1_resume_is_exact(tmp_path):

@@ -4,9 +4,10 @@
 //
 // Each rank owns a contiguous 1/dp shard of every gradient bucket: elements
 // [rank*S, (rank+1)*S) of a bucket of padded size dp*S. After ddp.finish_grad_sync() that shard
-// holds the averaged gradient. For the shard only, the rank keeps fp32 master weights (a copy of
-// its slice of the parameters, so bf16 parameters can be added later) and AdamW's exp_avg and
-// exp_avg_sq: optimizer memory per rank is ~1/dp of the total (optimizer_state_bytes()).
+// holds the averaged gradient. For the shard only, the rank keeps fp32 master weights (its slice
+// of the fp32 parameters themselves; a separate copy under offload or for other dtypes) and
+// AdamW's exp_avg and exp_avg_sq: optimizer memory per rank is ~1/dp of the total
+// (optimizer_state_bytes()).
 //
 // A shard may straddle parameters of different groups (weight decay on matrices, none on biases),
 // so it is split into per-parameter pieces, and step() runs the fused td::adamw_step over the
@@ -24,6 +25,7 @@
 // load_named_state() copies values in and requires exactly the same keys and sizes (the same
 // dp size and bucket layout). A sharded checkpoint saves each rank's map.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,9 +45,14 @@ struct ShardedOptimizerOptions {
   // from. Device memory then holds no optimizer state at all.
   bool offload = false;
   // ZeRO-3: per DDP bucket, this rank's parameter shard ([shard_numel] on the parameters'
-  // device, owned by FullyShardedDataParallel). step() writes the updated masters there and
-  // does not all-gather: the parameters are gathered when next used.
+  // device, owned by FullyShardedDataParallel). step() updates them (they are the masters
+  // unless offloaded: Note [Masters are the parameters]) and does not all-gather: the parameters
+  // are gathered when next used.
   std::vector<Tensor> param_shards = {};
+  // ZeRO-3: called after every write of the masters into param_shards (step(),
+  // write_masters_to_param_shards(), load_state_dict()), so parameters gathered from the old
+  // values are dropped (FullyShardedDataParallel::optimizer_options sets it).
+  std::function<void()> param_shards_written = {};
 };
 
 class DistributedOptimizer {
@@ -99,8 +106,13 @@ class DistributedOptimizer {
   std::vector<optim::ParamGroup>& param_groups() { return groups_; }
   const std::vector<optim::ParamGroup>& param_groups() const { return groups_; }
 
-  // Bytes of this rank's master weights and both moments (wherever they live).
+  // Bytes of this rank's master weights and both moments (wherever they live); masters that
+  // are the parameters themselves (masters_are_params) are not counted: 8 bytes per shard
+  // element then, 12 otherwise.
   int64_t optimizer_state_bytes() const;
+  // Without offload and with fp32 parameters, each master is the parameter's own slice (the
+  // parameter shard under ZeRO-3), updated in place (Note [Masters are the parameters]).
+  bool masters_are_params() const;
   // Of those (plus the offload gradient copy), the bytes held in host memory under offload.
   int64_t host_state_bytes() const;
   bool offloaded() const { return options_.offload; }
@@ -124,6 +136,7 @@ class DistributedOptimizer {
   std::vector<optim::ParamGroup> groups_;
   std::vector<Piece> pieces_;
   std::vector<Tensor> shard_in_;  // per bucket: this rank's updated shard (ZeRO-3: the params')
+  bool alias_ = false;            // Note [Masters are the parameters]
   int64_t step_ = 0;
   CommPtr model_parallel_;
   std::vector<bool> counted_;  // per DDP parameter (empty: all count)

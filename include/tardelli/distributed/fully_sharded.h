@@ -8,7 +8,8 @@
 // gradients are computed, and the unit's gradients are reduce-scattered into fp32 shards as
 // soon as they are complete (ZeRO-2 machinery: a DistributedDataParallel with shard_grads whose
 // buckets are the units, in backward order). Pair it with DistributedOptimizer constructed with
-// options.param_shards = param_shards(): it updates the shards and gathers nothing.
+// optimizer_options(): it updates the shards, gathers nothing, and tells this class to drop the
+// units gathered from the old values (Note [Stale gathers]).
 //
 // Note [FSDP prefetch]: materialize(u) in forward waits for unit u's gather and starts unit
 // u+1's (same chunk) asynchronously, so the next gather overlaps unit u's compute; in backward
@@ -22,9 +23,9 @@
 // tables in fp32 (the model reads them uncast).
 //
 // Memory per rank (fp32 parameters and gradients, N = parameters of this rank's model or tp
-// shard, dp ranks): parameter shards 4N/dp + gradient shards 4N/dp + optimizer state 12N/dp
-// (DistributedOptimizer) + the working set of one or two gathered units (4 bytes per element
-// each, and their transient full gradients). docs/memory.md.
+// shard, dp ranks): parameter shards 4N/dp (also the optimizer's masters) + gradient shards
+// 4N/dp + AdamW moments 8N/dp (DistributedOptimizer) + the working set of one or two gathered
+// units (4 bytes per element each, and their transient full gradients). docs/memory.md.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,6 +34,7 @@
 
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/data_parallel.h"
+#include "tardelli/distributed/distributed_optimizer.h"
 #include "tardelli/models/param_units.h"
 #include "tardelli/nn/module.h"
 
@@ -68,7 +70,8 @@ class FullyShardedDataParallel final : public models::ParamUnits {
   // Shards every chunk's parameters (GPT::param_units, chunk k's units after chunk k-1's) and
   // installs the result in each chunk (GPT::set_param_units).
   static std::shared_ptr<FullyShardedDataParallel> shard(
-      const std::vector<std::shared_ptr<models::GPT>>& chunks, CommPtr dp, FSDPOptions options = {});
+      const std::vector<std::shared_ptr<models::GPT>>& chunks, CommPtr dp,
+      FSDPOptions options = {});
 
   void materialize(int64_t unit) override;
   Tensor release(const std::vector<int64_t>& units, const Tensor& y) override;
@@ -79,6 +82,12 @@ class FullyShardedDataParallel final : public models::ParamUnits {
   // Per DDP bucket: this rank's parameter shard [shard_numel] fp32 (the values; the optimizer
   // writes its updates here).
   const std::vector<Tensor>& param_shards() const;
+  // Options for the DistributedOptimizer that updates these shards: param_shards() and the
+  // param_shards_written callback (shards_written()), plus `offload`.
+  ShardedOptimizerOptions optimizer_options(bool offload = false);
+  // The shards were written (optimizer step, a checkpoint load): every gathered unit is dropped
+  // and gathered again from the new values when next used.
+  void shards_written();
 
   // The full parameters, gathered (a collective over dp; every rank gets them): name -> tensor,
   // in the units' order. For checkpoints and tests.

@@ -156,9 +156,9 @@ class DistributedOptimizer:
 
     def __init__(self, ddp, param_groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, offload=False):
-        param_shards = []
+        fsdp = None
         if isinstance(ddp, FullyShardedDataParallel):
-            param_shards = ddp.param_shards()
+            fsdp = ddp._cpp
             ddp = ddp.ddp
         if not isinstance(ddp, DistributedDataParallel):
             raise TypeError("DistributedOptimizer: expected a td.distributed.DistributedDataParallel "
@@ -185,7 +185,7 @@ class DistributedOptimizer:
             self.param_groups.append(g)
         self._cpp = _D.DistributedOptimizer(ddp._cpp, specs, float(lr), float(betas[0]),
                                             float(betas[1]), float(eps), float(weight_decay),
-                                            self.offload, param_shards)
+                                            self.offload, fsdp)
 
     def _push_hyperparameters(self):
         for i, g in enumerate(self.param_groups):
