@@ -36,6 +36,7 @@
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/embedding.h"
 #include "tardelli/ops/factory.h"
+#include "tardelli/ops/grouped_linear.h"
 #include "tardelli/ops/indexing.h"
 #include "tardelli/ops/join.h"
 #include "tardelli/ops/loss.h"
