@@ -41,6 +41,8 @@
 #include "tardelli/ops/join.h"
 #include "tardelli/ops/loss.h"
 #include "tardelli/ops/matmul.h"
+#include "tardelli/ops/moe_dispatch.h"
+#include "tardelli/ops/moe_router.h"
 #include "tardelli/ops/norm.h"
 #include "tardelli/ops/reduction.h"
 #include "tardelli/ops/rotary.h"
