@@ -25,6 +25,7 @@
 #include "tardelli/distributed/process_grid.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/models/hf_gpt2.h"
+#include "tardelli/models/moe_mlp.h"
 #include "tardelli/nn/nn.h"
 #include "tardelli/nn/shard_spec.h"
 #include "tardelli/ops/activation.h"
