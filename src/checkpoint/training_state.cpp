@@ -43,6 +43,13 @@ double num_field(const json::Value& obj, const char* key, const char* where) {
   return v.as_double();
 }
 
+bool bool_field(const json::Value& obj, const char* key, const char* where) {
+  const json::Value& v = field(obj, key, where);
+  TD_CHECK(v.is_bool(), where, ": \"", key, "\" must be true or false, got ",
+           json::type_name(v.type()));
+  return v.as_bool();
+}
+
 std::string str_field(const json::Value& obj, const char* key, const char* where) {
   const json::Value& v = field(obj, key, where);
   TD_CHECK(v.is_string(), where, ": \"", key, "\" must be a string, got ",
@@ -87,6 +94,14 @@ void check_config(const CheckpointReader& reader, const models::GPT& model) {
            " was saved from a different model (checkpoint vs this model): ", d);
 }
 
+// Every tensor model.safetensors holds: the parameters (tied ones once), then the buffers (the
+// MoE routers' expert_bias; a dense GPT has none).
+NamedTensors model_tensors(const models::GPT& model) {
+  NamedTensors t = model.named_parameters();
+  for (auto& b : model.named_buffers()) t.push_back(std::move(b));
+  return t;
+}
+
 // Validates model.safetensors against the model; returns (parameter, saved tensor) pairs.
 std::vector<std::pair<Tensor, Tensor>> match_parameters(const CheckpointReader& reader,
                                                         const models::GPT& model) {
@@ -94,7 +109,7 @@ std::vector<std::pair<Tensor, Tensor>> match_parameters(const CheckpointReader& 
   const std::string where = "checkpoint " + reader.path() + "/" + kModelFile;
   std::vector<std::pair<Tensor, Tensor>> pairs;
   std::set<std::string> names;
-  for (const auto& [n, p] : model.named_parameters()) {
+  for (const auto& [n, p] : model_tensors(model)) {
     const Tensor* t = f.find(n);
     TD_CHECK(t != nullptr, where, ": parameter '", n, "' is missing");
     TD_CHECK(t->sizes() == p.sizes() && t->dtype() == p.dtype(), where, ": parameter '", n, "' is ",
@@ -155,6 +170,19 @@ json::Value config_to_json(const models::GPTConfig& c) {
   v.set("rope_base", c.rope_base);
   v.set("dtype", short_dtype_name(c.dtype));
   v.set("seed", static_cast<int64_t>(c.seed));  // bit pattern kept: a seed >= 2^63 reads back
+  // The MoE fields only for MoE models: a dense model's meta.json is what it always was.
+  if (c.num_experts > 0) {
+    v.set("num_experts", c.num_experts);
+    v.set("moe_top_k", c.moe_top_k);
+    v.set("moe_ffn_hidden", c.moe_ffn_hidden);
+    v.set("moe_layer_freq", c.moe_layer_freq);
+    v.set("moe_shared_experts", c.moe_shared_experts);
+    v.set("moe_norm_topk", c.moe_norm_topk);
+    v.set("moe_aux_loss_coeff", c.moe_aux_loss_coeff);
+    v.set("moe_z_loss_coeff", c.moe_z_loss_coeff);
+    v.set("moe_router_bias_update_rate", c.moe_router_bias_update_rate);
+    v.set("moe_capacity_factor", c.moe_capacity_factor);
+  }
   return v;
 }
 
@@ -175,6 +203,18 @@ models::GPTConfig config_from_json(const json::Value& v) {
   c.rope_base = num_field(v, "rope_base", w);
   c.dtype = parse_short_dtype(str_field(v, "dtype", w));
   c.seed = static_cast<uint64_t>(int_field(v, "seed", w));
+  if (v.find("num_experts") != nullptr) {
+    c.num_experts = int_field(v, "num_experts", w);
+    c.moe_top_k = int_field(v, "moe_top_k", w);
+    c.moe_ffn_hidden = int_field(v, "moe_ffn_hidden", w);
+    c.moe_layer_freq = int_field(v, "moe_layer_freq", w);
+    c.moe_shared_experts = int_field(v, "moe_shared_experts", w);
+    c.moe_norm_topk = bool_field(v, "moe_norm_topk", w);
+    c.moe_aux_loss_coeff = num_field(v, "moe_aux_loss_coeff", w);
+    c.moe_z_loss_coeff = num_field(v, "moe_z_loss_coeff", w);
+    c.moe_router_bias_update_rate = num_field(v, "moe_router_bias_update_rate", w);
+    c.moe_capacity_factor = num_field(v, "moe_capacity_factor", w);
+  }
   c.validate();
   return c;
 }
@@ -210,7 +250,7 @@ void generator_from_json(const json::Value& v, Generator& gen) {
 
 void write_model_and_optimizer(CheckpointWriter& writer, const models::GPT& model,
                                const optim::Optimizer& opt) {
-  writer.write_tensors(kModelFile, model.named_parameters());
+  writer.write_tensors(kModelFile, model_tensors(model));
 
   const auto names = optimizer_param_names(model, opt);
   std::vector<std::string> by_index;  // packed index -> name

@@ -19,6 +19,7 @@
 #include "tardelli/ops/join.h"
 #include "tardelli/ops/loss.h"
 #include "tardelli/ops/matmul.h"
+#include "tardelli/ops/moe_router.h"
 #include "tardelli/ops/norm.h"
 #include "tardelli/ops/rotary.h"
 #include "tardelli/ops/view.h"
@@ -169,10 +170,17 @@ GPT::GPT(GPTConfig config, GPTStage stage)
                l.c_attn_b);
     linear_mod(*attn, pre + "attn.", "c_proj", d, H * hd, std_proj, l.attn_proj_w, l.attn_proj_b);
     norm_mod(*blk, "ln_2", l.ln_2_w, l.ln_2_b);
+    if (config_.is_moe_layer(i)) {
+      l.moe = register_moe_mlp(*blk, i, config_, std_w, std_proj, normal);
+      l.moe_index = static_cast<int64_t>(moe_stats_.layers.size());
+      moe_stats_.layers.emplace_back().layer = i;
+      continue;
+    }
     auto mlp = child(*blk, "mlp", "MLP");
     linear_mod(*mlp, pre + "mlp.", "c_fc", gpt2 ? ff_ : 2 * ff_, d, std_w, l.c_fc_w, l.c_fc_b);
     linear_mod(*mlp, pre + "mlp.", "c_proj", d, ff_, std_proj, l.mlp_proj_w, l.mlp_proj_b);
   }
+  reset_moe_stats();
   if (stage_.post) {
     norm_mod(*this, "ln_f", ln_f_w_, ln_f_b_);
     auto head = child(*this, "lm_head", "Linear");
@@ -210,6 +218,7 @@ std::vector<std::pair<std::string, Tensor*>> GPT::slots() {
     for (const auto& [n, t] : fields) {
       if (t->defined()) s.emplace_back(pre + n, t);
     }
+    for (const auto& [n, t] : l.moe.slots()) s.emplace_back(pre + "mlp." + n, t);
   }
   if (stage_.post) {
     s.emplace_back("ln_f.weight", &ln_f_w_);
@@ -259,6 +268,10 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
            ") is already installed; build a new model to lay it out again");
   const int tp = p->tp_size();
   TD_CHECK(tp >= 1, "GPT.set_parallelism: tp size ", tp, " must be >= 1");
+  TD_CHECK(config_.num_experts == 0 || (tp == 1 && p->cp_size() == 1),
+           "GPT.set_parallelism: mixture-of-experts models (num_experts=", config_.num_experts,
+           ") do not support tensor or context parallelism yet (tp=", tp, ", cp=", p->cp_size(),
+           ")");
   TD_CHECK(config_.n_head % tp == 0, "GPT.set_parallelism: n_head ", config_.n_head,
            " is not divisible by the tensor-parallel size ", tp, " (attention splits heads)");
   TD_CHECK(config_.kv_heads() % tp == 0, "GPT.set_parallelism: n_kv_head ", config_.kv_heads(),
@@ -336,7 +349,7 @@ Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
 // are its shards, Note [GPT tensor-parallel layout]); under sequence parallelism x is this rank's
 // chunk of T and the column layer gathers the whole sequence.
 Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
-                  bool sp, bool fuse_act) {
+                  bool sp, bool fuse_act, BlockAux* aux) {
   const int tp = parallel_ ? parallel_->tp_size() : 1;
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
   const int64_t unit = 2 + static_cast<int64_t>(layer);
@@ -377,6 +390,13 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   // except under recompute none, which keeps act(h) for c_proj's weight gradient.
   // llama's c_fc output is [B, T, 2ff]: the gate columns, then the up columns.
   Tensor hn = norm(r, l.ln_2_w, l.ln_2_b, sp);
+  if (l.moe_index >= 0) {
+    Tensor m = moe_branch(l, hn, fuse_act, aux);
+    // The loss term reads the unit's parameters in backward too (ZeRO-3: Note [GPT parameter
+    // units]), so it passes through the unit's release as well.
+    if (aux && aux->loss.defined()) aux->loss = done_units({unit}, aux->loss);
+    return done_units({unit}, add(r, maybe_dropout(m, sp)));
+  }
   const bool gpt2 = config_.arch == Arch::GPT2;
   Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp);
   const MlpActivation act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
@@ -405,15 +425,77 @@ Recompute GPT::block_mode(size_t layer) const {
 
 // The block's parameters are leaves (or, under mixed precision, cast inside the block), so the
 // recomputed graph is self-contained, as autograd::checkpoint requires. The model must outlive
-// the backward (the node calls back into it).
-Tensor GPT::recomputed_block(size_t layer, const Tensor& x, int64_t start, bool sp) {
+// the backward (the node calls back into it). An MoE block returns its loss term as a second
+// output; only the first run (the forward) counts its statistics, the recomputation in backward
+// routes the same tokens again.
+Tensor GPT::recomputed_block(size_t layer, const Tensor& x, int64_t start, bool sp, BlockAux* aux) {
   autograd::CheckpointOptions opts;
   opts.generators.push_back(&dropout_gen_);
   if (parallel_) opts.generators.push_back(&parallel_->split_generator());
-  auto fn = [this, layer, start, sp](const TensorList& in) {
-    return TensorList{block(layers_[layer], in[0], start, nullptr, layer, sp)};
+  auto first = std::make_shared<bool>(true);
+  auto fn = [this, layer, start, sp, first](const TensorList& in) {
+    BlockAux a;
+    a.record = *first;
+    *first = false;
+    Tensor y = block(layers_[layer], in[0], start, nullptr, layer, sp, true, &a);
+    return a.loss.defined() ? TensorList{y, a.loss} : TensorList{y};
   };
-  return autograd::checkpoint(fn, {x}, opts)[0];
+  TensorList out = autograd::checkpoint(fn, {x}, opts);
+  if (out.size() > 1) aux->loss = out[1];
+  return out[0];
+}
+
+Tensor GPT::moe_branch(const Layer& l, const Tensor& hn, bool fuse_act, BlockAux* aux) {
+  const MoEOptions o = MoEOptions::from_config(config_, is_training(), fuse_act);
+  // The router runs in fp32 on the fp32 master weight, or on ZeRO-3's gathered compute-dtype
+  // copy when only that holds values.
+  const auto cast_to = [this](const Tensor& p, DType dt) -> Tensor {
+    if (!p.defined() || dt == config_.dtype) return cast(p);
+    if (units_) {
+      if (auto c = units_->compute_param(p, config_.dtype)) return to_dtype(*c, dt);
+    }
+    return p.dtype() == dt ? p : to_dtype(p, dt);
+  };
+  MoEForward f = moe_mlp(hn, l.moe, o, cast_to);
+  if (o.training && (aux == nullptr || aux->record)) {
+    const auto k = static_cast<size_t>(l.moe_index);
+    moe_stats_.layers[k].add(f);
+    for (size_t e = 0; e < f.routed_per_expert.size(); ++e)
+      moe_load_[k][e] += f.routed_per_expert[e];
+  }
+  if (aux) aux->loss = f.loss;
+  return f.y;
+}
+
+void GPT::reset_moe_stats() {
+  const auto E = static_cast<size_t>(config_.num_experts);
+  for (auto& s : moe_stats_.layers) {
+    MoELayerStats fresh;
+    fresh.layer = s.layer;
+    fresh.tokens_per_expert.assign(E, 0);
+    s = std::move(fresh);
+  }
+  moe_load_.assign(moe_stats_.layers.size(), std::vector<int64_t>(E, 0));
+}
+
+// Note [MoE router bias]: the loads are counted per training forward (all micro-batches of a
+// step) and consumed here; the bias steers only which experts are chosen, never the gate weights
+// (Note [MoE routing] in ops/moe_router.h), so it needs no gradient. It is a buffer: saved in
+// checkpoints with the parameters, moved with the model.
+void GPT::update_moe_router_bias() {
+  for (auto& l : layers_) {
+    if (l.moe_index < 0) continue;
+    auto& load = moe_load_[static_cast<size_t>(l.moe_index)];
+    moe_update_expert_bias(l.moe.expert_bias, load, config_.moe_router_bias_update_rate);
+    std::fill(load.begin(), load.end(), 0);
+  }
+}
+
+Tensor GPT::with_moe_losses(const Tensor& loss) {
+  Tensor out = loss;
+  for (const Tensor& t : moe_losses_) out = add(out, t);
+  moe_losses_.clear();
+  return out;
 }
 
 // Under context parallelism this rank's tokens sit at its zigzag positions (Note [Zigzag
@@ -452,13 +534,16 @@ Tensor GPT::hidden(const Tensor& input, int64_t start, KVCache* cache, bool sp) 
     }
     x = done_units({0, 1}, maybe_dropout(cast(x), sp));
   }
+  moe_losses_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Recompute mode = block_mode(i);
+    BlockAux aux;
     if (mode == Recompute::Full && cache == nullptr) {
-      x = recomputed_block(i, x, start, sp);
+      x = recomputed_block(i, x, start, sp, &aux);
     } else {
-      x = block(layers_[i], x, start, cache, i, sp, mode != Recompute::None);
+      x = block(layers_[i], x, start, cache, i, sp, mode != Recompute::None, &aux);
     }
+    if (aux.loss.defined()) moe_losses_.push_back(aux.loss);
   }
   if (stage_.post) use_unit(2 + static_cast<int64_t>(layers_.size()));  // ln_f; head() ends it
   return stage_.post ? norm(x, ln_f_w_, ln_f_b_, sp) : x;
@@ -507,7 +592,17 @@ Tensor GPT::forward_stage(const Tensor& input, const Tensor& targets) {
              describe(input), ", got ", describe(targets));
   }
   Tensor h = hidden(input, 0, nullptr, sp);
-  return stage_.post ? head(h, targets, sp) : h;
+  if (!stage_.post) {
+    const bool lost = !moe_losses_.empty();
+    moe_losses_.clear();
+    TD_CHECK(!lost, "GPT.forward_stage: this pipeline stage has MoE layers with auxiliary losses (",
+             "moe_aux_loss_coeff=", config_.moe_aux_loss_coeff,
+             ", moe_z_loss_coeff=", config_.moe_z_loss_coeff,
+             ") but not the head that adds them to the loss: not ",
+             "supported yet (set both to 0, e.g. with the aux-loss-free bias)");
+    return h;
+  }
+  return targets.defined() ? with_moe_losses(head(h, targets, sp)) : head(h, targets, sp);
 }
 
 Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
@@ -533,7 +628,15 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
            " positions over ", parallel_->tp_size(),
            " tensor-parallel ranks: the sequence length must be divisible by tp");
   Tensor h = hidden(idx, 0, nullptr, sp);  // [B, T(/tp under sp), d], compute dtype
-  return stage_.post ? head(h, targets, sp) : h;
+  if (!stage_.post || !targets.defined()) {
+    const bool lost = !stage_.post && !moe_losses_.empty();
+    moe_losses_.clear();
+    TD_CHECK(!lost, "GPT.forward: this pipeline stage has MoE layers with auxiliary losses but ",
+             "not the head that adds them to the loss: not supported yet (set ",
+             "moe_aux_loss_coeff and moe_z_loss_coeff to 0)");
+    return stage_.post ? head(h, targets, sp) : h;
+  }
+  return with_moe_losses(head(h, targets, sp));
 }
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature, int64_t top_k,
@@ -639,8 +742,11 @@ std::vector<ParamGroup> GPT::param_groups(double weight_decay) const {
   std::vector<ParamGroup> groups(2);
   groups[0].weight_decay = weight_decay;
   groups[1].weight_decay = 0.0;
+  const auto is_bias = [](const std::string& n) {
+    return n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+  };
   for (auto& [name, p] : named_parameters())
-    groups[p.dim() >= 2 ? 0 : 1].params.emplace_back(name, p);
+    groups[p.dim() >= 2 && !is_bias(name) ? 0 : 1].params.emplace_back(name, p);
   return groups;
 }
 

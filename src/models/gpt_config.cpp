@@ -47,6 +47,26 @@ void GPTConfig::validate() const {
            rope_base);
   TD_CHECK(is_floating(dtype), p, "dtype must be float32, bfloat16 or float16, got ",
            dtype_name(dtype));
+  validate_moe();
+}
+
+void GPTConfig::validate_moe() const {
+  const char* p = "GPTConfig: ";
+  TD_CHECK(num_experts >= 0, p, "num_experts must be >= 0 (0: dense MLPs), got ", num_experts);
+  if (num_experts == 0) return;
+  TD_CHECK(moe_top_k >= 1 && moe_top_k <= num_experts, p,
+           "moe_top_k must be in [1, num_experts = ", num_experts, "], got moe_top_k ", moe_top_k);
+  TD_CHECK(moe_ffn_hidden >= 0, p, "moe_ffn_hidden must be >= 0 (0: the dense MLP's size), got ",
+           moe_ffn_hidden);
+  TD_CHECK(moe_layer_freq >= 1, p, "moe_layer_freq must be >= 1, got ", moe_layer_freq);
+  TD_CHECK(moe_shared_experts >= 0, p, "moe_shared_experts must be >= 0, got ", moe_shared_experts);
+  const auto non_negative = [&](const char* name, double v) {
+    TD_CHECK(v >= 0.0 && std::isfinite(v), p, name, " must be a finite value >= 0, got ", v);
+  };
+  non_negative("moe_aux_loss_coeff", moe_aux_loss_coeff);
+  non_negative("moe_z_loss_coeff", moe_z_loss_coeff);
+  non_negative("moe_router_bias_update_rate", moe_router_bias_update_rate);
+  non_negative("moe_capacity_factor", moe_capacity_factor);
 }
 
 std::string GPTConfig::diff(const GPTConfig& o) const {
@@ -68,6 +88,16 @@ std::string GPTConfig::diff(const GPTConfig& o) const {
   if (dtype != o.dtype)
     os << "dtype: " << dtype_name(dtype) << " vs " << dtype_name(o.dtype) << "\n";
   field("seed", seed, o.seed);
+  field("num_experts", num_experts, o.num_experts);
+  field("moe_top_k", moe_top_k, o.moe_top_k);
+  field("moe_ffn_hidden", moe_ffn_hidden, o.moe_ffn_hidden);
+  field("moe_layer_freq", moe_layer_freq, o.moe_layer_freq);
+  field("moe_shared_experts", moe_shared_experts, o.moe_shared_experts);
+  field("moe_norm_topk", moe_norm_topk, o.moe_norm_topk);
+  field("moe_aux_loss_coeff", moe_aux_loss_coeff, o.moe_aux_loss_coeff);
+  field("moe_z_loss_coeff", moe_z_loss_coeff, o.moe_z_loss_coeff);
+  field("moe_router_bias_update_rate", moe_router_bias_update_rate, o.moe_router_bias_update_rate);
+  field("moe_capacity_factor", moe_capacity_factor, o.moe_capacity_factor);
   return os.str();
 }
 

@@ -213,6 +213,9 @@ json::Value hf_config_from_gpt(const GPTConfig& c, DType torch_dtype) {
            "save_hf_gpt2: only arch gpt2 can be exported as a Hugging Face "
            "GPT-2 checkpoint, got arch ",
            arch_name(c.arch));
+  TD_CHECK(c.num_experts == 0,
+           "save_hf_gpt2: a mixture-of-experts model (num_experts=", c.num_experts,
+           ") has no Hugging Face GPT-2 equivalent; only dense models export");
   c.validate();
   const int64_t ff = ffn_hidden_size(c);
   // GPT2Config's fields as transformers' save_pretrained writes them (keys sorted).

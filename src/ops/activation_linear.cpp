@@ -29,6 +29,16 @@ Tensor mlp_activation(const Tensor& h, MlpActivation act) {
   return mul(silu(h.narrow(-1, 0, ff)), h.narrow(-1, ff, ff));
 }
 
+std::pair<Tensor, Tensor> mlp_activation_and_backward(const Tensor& grad, const Tensor& h,
+                                                      MlpActivation act) {
+  if (act == MlpActivation::GeluTanh) return gelu_and_backward(grad, h, GeluApprox::Tanh);
+  const int64_t in = h.size(-1) / 2;
+  Tensor gate = h.narrow(-1, 0, in), up = h.narrow(-1, in, in);
+  Tensor s = silu(gate);
+  Tensor gh = cat({silu_backward(mul(grad, up), gate), mul(grad, s)}, -1);
+  return {mul(s, up), gh};
+}
+
 namespace {
 
 // act(h) for a detached h.
@@ -71,14 +81,7 @@ Tensor activation_linear(const Tensor& h, MlpActivation act, const Tensor& weigh
           Shape ms = hd.sizes();
           ms.back() = in;
           Tensor dm = reshape(mm(g2, weight.detach()), ms);
-          if (act == MlpActivation::GeluTanh) {
-            std::tie(m, gh) = gelu_and_backward(dm, hd, GeluApprox::Tanh);
-          } else {
-            Tensor gate = hd.narrow(-1, 0, in), up = hd.narrow(-1, in, in);
-            Tensor s = silu(gate);
-            gh = cat({silu_backward(mul(dm, up), gate), mul(dm, s)}, -1);
-            m = mul(s, up);
-          }
+          std::tie(m, gh) = mlp_activation_and_backward(dm, hd, act);
         }
         if (deferred) {
           // The deferred dW recomputes act(h) when it runs, so act(h) is not kept until then.

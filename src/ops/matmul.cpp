@@ -4,6 +4,7 @@
 
 #include "ops/common.h"
 #include "ops/cpu/onednn.h"
+#include "ops/matmul_impl.h"
 #include "tardelli/autograd/function.h"
 #include "tardelli/autograd/weight_grad_store.h"
 #include "tardelli/ops/copy.h"
@@ -83,20 +84,7 @@ Tensor widen(const Tensor& t) {
 // Runs out = a @ b (+ bias) with a, b, out already of one ndim; widens reduced floats to fp32
 // when oneDNN has no kernel for them on this CPU.
 void run(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
-#if TD_WITH_CUDA
-  if (out.is_cuda()) {
-    cuda_ops::matmul_out(a, b, bias, out, "matmul");
-    return;
-  }
-#endif
-  if (cpu::onednn_has_matmul(out.dtype())) {
-    cpu::onednn_matmul(a, b, bias, out);
-    return;
-  }
-  Tensor out32 = Tensor::empty(out.sizes(), DType::Float32, out.device());
-  cpu::onednn_matmul(widen(a), widen(b), bias.defined() ? dense(bias, DType::Float32) : Tensor(),
-                     out32);
-  copy_into(out, out32);
+  ops::matmul_out(a, b, bias, out);
 }
 
 // t viewed with extra leading size-1 dims to reach nd dims.
@@ -189,6 +177,23 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
 }
 
 }  // namespace
+
+void ops::matmul_out(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+#if TD_WITH_CUDA
+  if (out.is_cuda()) {
+    cuda_ops::matmul_out(a, b, bias, out, "matmul");
+    return;
+  }
+#endif
+  if (cpu::onednn_has_matmul(out.dtype())) {
+    cpu::onednn_matmul(a, b, bias, out);
+    return;
+  }
+  Tensor out32 = Tensor::empty(out.sizes(), DType::Float32, out.device());
+  cpu::onednn_matmul(widen(a), widen(b), bias.defined() ? dense(bias, DType::Float32) : Tensor(),
+                     out32);
+  copy_into(out, out32);
+}
 
 std::string cpu_matmul_kernel(DType dtype) {
   TD_CHECK(is_floating(dtype), "cpu_matmul_kernel: matrix products take floating dtypes, got ",

@@ -271,4 +271,63 @@ TEST(TrainingStateConfig, JsonRoundTrip) {
             std::string::npos);
 }
 
+// A mixture-of-experts model: the config's MoE fields round-trip (and a dense config's JSON has
+// none), and a resumed run with aux-loss-free bias updates is bitwise the uninterrupted one:
+// model.safetensors holds the routers' expert_bias buffers next to the parameters.
+GPTConfig tiny_moe() {
+  GPTConfig c = tiny();
+  c.num_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_ffn_hidden = 32;
+  c.moe_layer_freq = 2;
+  c.moe_shared_experts = 1;
+  c.moe_z_loss_coeff = 1e-3;
+  c.moe_router_bias_update_rate = 0.01;
+  c.moe_capacity_factor = 1.5;
+  return c;
+}
+
+TEST(TrainingStateConfig, MoEJsonRoundTrip) {
+  EXPECT_EQ(ck::config_to_json(tiny()).find("num_experts"), nullptr);
+  GPTConfig c = tiny_moe();
+  c.moe_norm_topk = false;
+  td::json::Value v = ck::config_to_json(c);
+  EXPECT_EQ(v.at("num_experts").as_int(), 4);
+  GPTConfig back = ck::config_from_json(td::json::parse(td::json::dump(v)));
+  EXPECT_EQ(back.diff(c), "");
+}
+
+TEST_F(TrainingState, MoEResumeIsBitwiseExactWithExpertBias) {
+  const auto batches = make_batches(6);
+  auto step = [](Trainer& t, const Tensor& batch) {
+    const float loss = t.step(batch);
+    t.model->update_moe_router_bias();
+    return loss;
+  };
+  Trainer a(tiny_moe());
+  std::vector<float> losses_a;
+  for (int i = 0; i < 6; ++i) losses_a.push_back(step(a, batches[i]));
+
+  Trainer b(tiny_moe());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(step(b, batches[i]), losses_a[i]);
+  ck::CheckpointWriter w(path(ck::step_dir_name(3)));
+  ck::save_training_state(w, *b.model, *b.opt, *b.sched);
+  ck::CheckpointReader r(path(ck::step_dir_name(3)));
+  auto model = r.read_tensors(ck::kModelFile);
+  ASSERT_NE(model.find("h.0.mlp.router.expert_bias"), nullptr);
+  EXPECT_FALSE(same_bytes(*model.find("h.0.mlp.router.expert_bias"), td::zeros({4})));
+
+  Trainer c(tiny_moe());
+  ck::load_training_state(r, *c.model, *c.opt, *c.sched);
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(step(c, batches[i]), losses_a[i]) << "step " << i;
+  const auto sa = a.model->state_dict(), sc = c.model->state_dict();
+  ASSERT_EQ(sa.size(), sc.size());
+  for (const auto& [n, t] : sa) EXPECT_TRUE(same_bytes(t, sc.at(n))) << n;
+
+  // A dense model cannot load it (the MoE fields differ).
+  Trainer dense;
+  EXPECT_NE(error_of([&] { ck::load_model_state(r, *dense.model); }).find("num_experts: 4 vs 0"),
+            std::string::npos);
+}
+
 }  // namespace

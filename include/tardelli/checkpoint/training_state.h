@@ -3,12 +3,14 @@
 // trainer (docs/checkpoints.md is the reference):
 //
 //   model.safetensors      every parameter by its GPT name ("h.0.attn.c_attn.weight"), as stored
-//                          (fp32 master weights); tied weights once (named_parameters()).
+//                          (fp32 master weights); tied weights once (named_parameters()); then
+//                          the buffers (named_buffers(): the MoE routers' expert_bias).
 //   optimizer.safetensors  "<param name>.<state>" for each parameter with state (AdamW:
 //                          exp_avg, exp_avg_sq); __metadata__ "optimizer" = JSON text
 //                          {"name": "AdamW", "groups": [{"params": [names], "lr", "weight_decay",
 //                          <options: "beta1", "beta2", "eps">}], "step": {name: count}}
-//   meta.json              {"step", "config": {every GPTConfig field}, "scheduler": {"max_lr",
+//   meta.json              {"step", "config": {every GPTConfig field; the moe_* ones only
+//                          when num_experts > 0}, "scheduler": {"max_lr",
 //                          "min_lr", "warmup_steps", "decay_steps", "style", "last_step"},
 //                          ...the caller's extra members: "data", "rng", "train"}
 //

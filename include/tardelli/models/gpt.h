@@ -15,6 +15,13 @@
 // up rows; +bias gpt2), h.{i}.mlp.c_proj.weight [d, ff] (+bias), ln_f.weight (+bias),
 // lm_head.weight [V,d] (gpt2: tied to wte.weight, listed once by named_parameters()).
 //
+// Mixture of experts (config.num_experts > 0): the blocks config.is_moe_layer(i) replace the
+// dense mlp.* parameters by the MoE MLP's (models/moe_mlp.h): h.{i}.mlp.router.weight [E,d],
+// h.{i}.mlp.experts.c_fc.weight [E, ff | 2ff, d], h.{i}.mlp.experts.c_proj.weight [E, d, ff]
+// (+ biases [E, ...] gpt2), h.{i}.mlp.shared.* with shared experts, and the buffer
+// h.{i}.mlp.router.expert_bias [E]. A training forward's loss is then the cross-entropy plus, per
+// MoE layer, moe_aux_loss_coeff * aux + moe_z_loss_coeff * z (Note [MoE training mode]).
+//
 // Llama's hidden size when config.ffn_hidden is 0: ff = round_up(int(2 * 4d / 3), 64)
 // (e.g. d=256 -> 704, d=4096 -> 10944; Llama-1 7B rounds to 256 and has 11008: set ffn_hidden
 // to match a published checkpoint). gpt2's is 4d.
@@ -42,6 +49,7 @@
 #include "tardelli/core/rng.h"
 #include "tardelli/models/gpt_config.h"
 #include "tardelli/models/gpt_parallelism.h"
+#include "tardelli/models/moe_mlp.h"
 #include "tardelli/models/recompute.h"
 #include "tardelli/models/param_units.h"
 #include "tardelli/nn/module.h"
@@ -111,9 +119,25 @@ class GPT : public nn::Module {
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0,
                   int64_t top_k = 0, Generator* gen = nullptr);
 
-  // AdamW's two groups: decay = every parameter with dim >= 2 (matrices, embeddings), no decay =
-  // the rest (biases, norm weights). Each parameter appears once (tied weights included).
+  // AdamW's two groups: decay = every parameter with dim >= 2 (matrices, embeddings) except
+  // biases (the experts' [E, out] biases are 2-D), no decay = the rest (biases, norm weights).
+  // Each parameter appears once (tied weights included).
   std::vector<ParamGroup> param_groups(double weight_decay) const;
+
+  // Mixture of experts (Note [MoE training mode] in moe_mlp.h). The statistics of this stage's
+  // MoE layers summed over the training forwards since the last reset_moe_stats() (empty layers
+  // for a dense model): per-expert token counts, dropped slots, the unscaled aux and z losses.
+  const MoEStats& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  // The aux-loss-free balancing step (DeepSeek-V3): for every MoE layer of this stage,
+  // router.expert_bias[e] += moe_router_bias_update_rate * sign(mean load - load[e]) with the
+  // loads counted by the training forwards since the previous call, which are then cleared. Call
+  // it after each optimizer step; a no-op when the rate is 0 or nothing was routed.
+  void update_moe_router_bias();
+  // Those pending loads: [MoE layer of this stage][expert] token-slots. Mutable so that a
+  // data-parallel trainer can sum them over its ranks before update_moe_router_bias(), which
+  // keeps the replicas' biases equal.
+  std::vector<std::vector<int64_t>>& moe_router_load() { return moe_load_; }
 
   // The stream dropout draws from (seeded from config.seed). Part of the training state: a
   // checkpoint saves its (seed, offset, subsequence) so a resumed run drops the same units.
@@ -155,6 +179,14 @@ class GPT : public nn::Module {
   struct Layer {
     Tensor ln_1_w, ln_1_b, c_attn_w, c_attn_b, attn_proj_w, attn_proj_b;
     Tensor ln_2_w, ln_2_b, c_fc_w, c_fc_b, mlp_proj_w, mlp_proj_b;
+    int64_t moe_index = -1;  // its place among this stage's MoE layers; -1: a dense MLP
+    MoEParams moe;
+  };
+  // A block's MoE side output: its loss term (undefined for none), and whether this run of the
+  // block counts its statistics (not when a checkpointed block is recomputed in backward).
+  struct BlockAux {
+    Tensor loss;
+    bool record = true;
   };
   struct KVCache {
     std::vector<Tensor> k, v;  // per layer [B, Hkv, block_size, hd], compute dtype
@@ -168,10 +200,14 @@ class GPT : public nn::Module {
   Tensor head(const Tensor& h, const Tensor& targets, bool sp);
   // `fuse_act`: the MLP activation is recomputed in backward (activation_linear) rather than kept.
   Tensor block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache, size_t layer,
-               bool sp, bool fuse_act = true);
+               bool sp, bool fuse_act = true, BlockAux* aux = nullptr);
   // block() under autograd::checkpoint: only x is kept; the block runs again in backward with
   // the dropout streams replayed (Note [Recompute modes]).
-  Tensor recomputed_block(size_t layer, const Tensor& x, int64_t start, bool sp);
+  Tensor recomputed_block(size_t layer, const Tensor& x, int64_t start, bool sp, BlockAux* aux);
+  // The MoE MLP branch of block l for its normed input hn.
+  Tensor moe_branch(const Layer& l, const Tensor& hn, bool fuse_act, BlockAux* aux);
+  // loss + the MoE loss terms of the last hidden() (which are then dropped).
+  Tensor with_moe_losses(const Tensor& loss);
   Recompute block_mode(size_t layer) const;
   Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
   Tensor cast(const Tensor& p) const;  // parameter -> compute dtype (differentiable)
@@ -200,6 +236,9 @@ class GPT : public nn::Module {
   std::shared_ptr<ParamUnits> units_;         // null: parameters always full
   int64_t first_unit_ = 0;
   std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
+  MoEStats moe_stats_;
+  std::vector<std::vector<int64_t>> moe_load_;  // Note [MoE router bias]
+  std::vector<Tensor> moe_losses_;              // the MoE loss terms of the running forward
 };
 
 }  // namespace td::models

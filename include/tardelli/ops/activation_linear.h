@@ -1,6 +1,8 @@
 #pragma once
 // A linear layer whose input is an activation of the tensor it keeps: y = linear(act(h), W, b),
 // with act(h) recomputed in backward instead of being saved (Note [Recomputed MLP activation]).
+#include <utility>
+
 #include "tardelli/core/tensor.h"
 
 namespace td {
@@ -17,6 +19,10 @@ enum class MlpActivation {
 // act(h) from the separate ops (gelu; silu(gate) * up), recorded op by op: what
 // activation_linear recomputes, for callers that keep act(h) instead (GPT recompute none).
 Tensor mlp_activation(const Tensor& h, MlpActivation act);
+// {act(h), the gradient w.r.t. h} from h and `grad`, the gradient w.r.t. act(h) (GELU: one pass
+// over both). Not recorded by autograd. The backward of activation_linear and grouped_linear.
+std::pair<Tensor, Tensor> mlp_activation_and_backward(const Tensor& grad, const Tensor& h,
+                                                      MlpActivation act);
 
 Tensor activation_linear(const Tensor& h, MlpActivation act, const Tensor& weight,
                          const Tensor& bias = Tensor());
