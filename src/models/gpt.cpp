@@ -28,6 +28,9 @@ namespace td::models {
 
 namespace {
 
+// Split indices of the cp ranks' dropout streams (Note [Dropout streams]).
+constexpr uint64_t kCpDropoutStreams = 0xC90000;
+
 // FNV-1a: a stable 64-bit id of a parameter's full name (its init stream, Note [Init streams]).
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ULL;
@@ -323,9 +326,21 @@ Tensor GPT::norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) con
 // Note [Dropout streams]: replicated activations (every tp rank holds the same values) draw
 // from the model's stream, identical on all tp ranks, so the replicas stay equal; split
 // activations (sequence parallel) draw from the layout's per-rank stream.
+// Under context parallelism each cp rank holds other tokens, so the same masks on every cp rank
+// would correlate the dropout of tokens far apart. A cp rank draws from its own subsequence of
+// the stream (split by cp rank) at the stream's current offset, and the stream then advances as
+// it would have: every cp rank's stream state stays the same (the draws have the same size),
+// so the saved state (cp rank 0's, in the checkpoint) and recomputation's replay of it
+// reproduce every rank's masks.
 Tensor GPT::maybe_dropout(const Tensor& x, bool sp) {
   if (!is_training() || config_.dropout <= 0.0) return x;
-  return dropout(x, config_.dropout, true, sp ? &parallel_->split_generator() : &dropout_gen_);
+  Generator& stream = sp ? parallel_->split_generator() : dropout_gen_;
+  if (!parallel_ || parallel_->cp_size() == 1) return dropout(x, config_.dropout, true, &stream);
+  Generator mine = stream.split(kCpDropoutStreams + static_cast<uint64_t>(parallel_->cp_rank()));
+  mine.set_state(stream.seed(), stream.offset(), mine.subsequence());
+  Tensor y = dropout(x, config_.dropout, true, &mine);
+  stream.set_state(stream.seed(), mine.offset(), stream.subsequence());
+  return y;
 }
 
 Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
@@ -406,9 +421,11 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
 }
 
 void GPT::set_recompute(RecomputeOptions r) {
-  TD_CHECK(r.num_layers == -1 || r.mode == Recompute::Full,
-           "GPT.set_recompute: num_layers (", r.num_layers, ") applies to recompute 'full' only, "
-           "got '", recompute_name(r.mode), "'");
+  TD_CHECK(r.num_layers == -1 || r.mode == Recompute::Full, "GPT.set_recompute: num_layers (",
+           r.num_layers,
+           ") applies to recompute 'full' only, "
+           "got '",
+           recompute_name(r.mode), "'");
   TD_CHECK(r.num_layers == -1 || (r.num_layers >= 1 && r.num_layers <= stage_.num_layers),
            "GPT.set_recompute: num_layers ", r.num_layers, " must be in [1, ", stage_.num_layers,
            "]: this stage holds ", stage_.num_layers, " layers (h.", stage_.first_layer, "..h.",
@@ -420,7 +437,7 @@ Recompute GPT::block_mode(size_t layer) const {
   if (recompute_.mode != Recompute::Full) return recompute_.mode;
   const bool all = recompute_.num_layers < 0;
   return all || static_cast<int64_t>(layer) < recompute_.num_layers ? Recompute::Full
-                                                                      : Recompute::Selective;
+                                                                    : Recompute::Selective;
 }
 
 // The block's parameters are leaves (or, under mixed precision, cast inside the block), so the
@@ -654,7 +671,8 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   const int64_t block = config_.block_size;
   TD_CHECK(B > 0 && T0 > 0, "GPT.generate: empty prompt ", describe(idx));
   TD_CHECK(max_new_tokens >= 0, "GPT.generate: max_new_tokens must be >= 0, got ", max_new_tokens);
-  TD_CHECK(units_ == nullptr, "GPT.generate: the parameters are sharded (ZeRO-3); generate from "
+  TD_CHECK(units_ == nullptr,
+           "GPT.generate: the parameters are sharded (ZeRO-3); generate from "
            "a model loaded from the checkpoint");
   autograd::NoGradGuard ng;
   TrainingFlagGuard eval_mode(*this);

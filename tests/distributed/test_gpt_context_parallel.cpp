@@ -124,6 +124,41 @@ TEST(GPTContextParallel, IgnoredTargetsWeighTheRanks) {
   check(Arch::Llama, CPComm::AllToAll, /*ignore=*/true);
 }
 
+// Property (Note [Dropout streams] in gpt.cpp): under cp every rank draws its own dropout masks,
+// and the model's stream state stays the same on every rank. The embedding stage of a llama
+// (dropout 0.5), fed the same token ids on every rank, keeps different elements on rank r > 0
+// than on rank 0 (the same masks would keep exactly the same ones: the chance that two
+// independent fair masks of 16/cp x 32 elements coincide is at most 2^-128), and after the forward
+// every rank's stream is at the same offset (the state a checkpoint saves from cp rank 0 and
+// recomputation replays).
+TEST(GPTContextParallel, DropoutMasksDifferAcrossRanks) {
+  const CommPtr cp = world();
+  const int n = cp->size(), r = cp->rank();
+  GPTConfig c = tiny(Arch::Llama, n);
+  c.dropout = 0.5;
+  auto m = std::make_shared<GPT>(c, models::GPTStage{0, 0, true, false});
+  apply_parallelism(*m, self_group(), cp, ParallelOptions{});
+  m->train();
+  const uint64_t before = m->dropout_generator().offset();
+  const int64_t local = c.block_size / n;  // this rank's tokens of a full-length sequence
+  Tensor h = m->forward_stage(full({1, local}, 3.0, {DType::Int64}));
+  ASSERT_EQ(h.numel(), local * c.d_model);
+  const uint64_t after = m->dropout_generator().offset();
+  EXPECT_GT(after, before);
+  Tensor kept = Tensor::empty({n * h.numel()}, DType::Float32);
+  Tensor mine = ne(h.detach().reshape({-1}), 0.0).to(DType::Float32);
+  cp->all_gather(kept, mine);
+  Tensor offsets = Tensor::empty({n}, DType::Float32);
+  cp->all_gather(offsets, full({1}, static_cast<double>(after - before)));
+  const std::vector<float> all = to_vector<float>(kept), off = to_vector<float>(offsets);
+  for (int q = 1; q < n; ++q) {
+    EXPECT_FALSE(std::equal(all.begin(), all.begin() + h.numel(), all.begin() + q * h.numel()))
+        << "cp ranks 0 and " << q << " drew the same dropout mask (rank " << r << ")";
+    EXPECT_EQ(off[static_cast<size_t>(q)], off[0]) << "cp rank " << q << "'s stream advanced "
+                                                   << "differently";
+  }
+}
+
 TEST(GPTContextParallel, BadLayoutsRaise) {
   const CommPtr cp = world();
   GPTConfig c = tiny(Arch::GPT2, cp->size());

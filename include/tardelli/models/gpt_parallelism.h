@@ -71,6 +71,7 @@ class GPTParallelism {
   // Everything but attention, the positions and the loss runs on them unchanged; loss() then
   // returns the mean over the cp group (Note [Context-parallel loss] in parallel/parallelize.h).
   virtual int cp_size() const { return 1; }
+  virtual int cp_rank() const { return 0; }
   // The global positions of this rank's `local_T` tokens (empty without cp).
   virtual std::vector<int64_t> positions(int64_t /*local_T*/) const { return {}; }
   // Attention q [B, H, T, hd], k/v [B, Hkv, T, hd] over the whole sequence of the cp group.

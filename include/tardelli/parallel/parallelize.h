@@ -75,8 +75,8 @@ class GPTTensorParallel : public models::GPTParallelism {
 // over the dp x cp group (the trainer's DDP does).
 class GPTContextParallel : public models::GPTParallelism {
  public:
-  GPTContextParallel(std::shared_ptr<GPTTensorParallel> tp, distributed::CommPtr cp,
-                     CPComm comm, uint64_t seed);
+  GPTContextParallel(std::shared_ptr<GPTTensorParallel> tp, distributed::CommPtr cp, CPComm comm,
+                     uint64_t seed);
 
   int tp_size() const override { return tp_ ? tp_->tp_size() : 1; }
   int tp_rank() const override { return tp_ ? tp_->tp_rank() : 0; }
@@ -95,6 +95,7 @@ class GPTContextParallel : public models::GPTParallelism {
   Generator& split_generator() override { return tp_ ? tp_->split_generator() : gen_; }
 
   int cp_size() const override { return cp_->size(); }
+  int cp_rank() const override { return cp_->rank(); }
   std::vector<int64_t> positions(int64_t local_T) const override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) override;
 
