@@ -56,4 +56,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   stream.synchronize();
 }
 
+DataPtr allocate_pinned_host(size_t nbytes) {
+  TD_CHECK(cuda::device_count() > 0, "allocate_pinned_host(", nbytes,
+           " bytes): no CUDA device is visible");
+  return cuda::allocate_pinned(nbytes);
+}
+
 }  // namespace td

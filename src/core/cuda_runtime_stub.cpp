@@ -31,5 +31,11 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (nbytes > 0) std::memcpy(dst, src, nbytes);
 }
 
+DataPtr allocate_pinned_host(size_t nbytes) {
+  TD_ERROR(
+      "allocate_pinned_host(", nbytes,
+      " bytes): this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+}
+
 }  // namespace td
 #endif  // !TD_WITH_CUDA

@@ -6,6 +6,7 @@
 
 #include "ops/cpu/loops.h"
 #include "tardelli/autograd/grad_mode.h"
+#include "tardelli/core/cuda_runtime.h"
 #include "tardelli/distributed/collectives.h"
 #include "tardelli/ops/adamw.h"
 #include "tardelli/ops/copy.h"
@@ -20,6 +21,19 @@ const char* const kOptionKeys[] = {"beta1", "beta2", "eps"};
 
 std::string range_key(const std::string& name, const char* what, int64_t a, int64_t b) {
   return detail::str_cat(name, ".", what, "[", a, ":", b, "]");
+}
+
+// Zeros [numel] fp32 on `where`; on the host in page-locked memory when `pinned` (Note
+// [Optimizer offload]: the state of a GPU run's shard, copied to and from the device each step).
+Tensor state_buffer(int64_t numel, Device where, bool pinned) {
+  if (!pinned) return zeros({numel}, {DType::Float32, where});
+  const size_t nbytes = static_cast<size_t>(numel) * 4;
+  DataPtr bytes = allocate_pinned_host(nbytes);
+  auto deleter = bytes.get_deleter();
+  Storage st = Storage::wrap(bytes.release(), nbytes, kCPU, std::move(deleter));
+  Tensor t = Tensor::make(std::move(st), {numel}, {1}, 0, DType::Float32);
+  t.zero_();
+  return t;
 }
 
 }  // namespace
@@ -114,12 +128,19 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp,
       Tensor src = zero3 ? options_.param_shards[b].narrow(0, a - lo, pc.numel)
                          : p.param.reshape({-1}).narrow(0, pc.start, pc.numel);
       const Device where = options_.offload ? host : p.param.device();
+      const bool pinned = options_.offload && p.param.device().is_cuda();
+      pinned_ = pinned_ || pinned;
       // Note [Masters are the parameters].
-      pc.master = alias_ ? src : src.to(DType::Float32).to(where).clone();
-      pc.exp_avg = zeros({pc.numel}, {DType::Float32, where});
-      pc.exp_avg_sq = zeros({pc.numel}, {DType::Float32, where});
+      if (alias_) {
+        pc.master = src;
+      } else {
+        pc.master = state_buffer(pc.numel, where, pinned);
+        copy_into(pc.master, src);
+      }
+      pc.exp_avg = state_buffer(pc.numel, where, pinned);
+      pc.exp_avg_sq = state_buffer(pc.numel, where, pinned);
       pc.grad = ddp.shard_grad(b).narrow(0, a - lo, pc.numel);
-      if (options_.offload) pc.host_grad = zeros({pc.numel}, {DType::Float32, host});
+      if (options_.offload) pc.host_grad = state_buffer(pc.numel, host, pinned);
       pieces_.push_back(std::move(pc));
     }
     const Device dev = bk.buffer.device();

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -105,4 +106,27 @@ TEST(CudaRuntime, GpuAllocateCopyRoundTrip) {
   EXPECT_GE(after.reserved_bytes - after.current_bytes, 2 * rounded);  // cached for reuse
   alloc.empty_cache();
   EXPECT_EQ(alloc.stats().reserved_bytes, before.reserved_bytes);
+}
+
+// allocate_pinned_host: without a device (or backend) a td::Error naming the call; on a GPU,
+// page-locked bytes that host code reads and writes and that a device round trip preserves, not
+// counted by the CPU allocator.
+TEST(CudaRuntime, PinnedHostMemory) {
+  if (!cuda_available()) {
+    const std::string msg = error_text([] { (void)allocate_pinned_host(64); });
+    EXPECT_TRUE(contains(msg, "allocate_pinned_host")) << msg;
+    EXPECT_TRUE(contains(msg, cuda_is_built() ? "no CUDA device" : "no CUDA backend")) << msg;
+    GTEST_SKIP() << "no CUDA device: the pinned round trip needs a GPU";
+  }
+  constexpr size_t kBytes = size_t{1} << 20;
+  const int64_t cpu_before = memory_stats(kCPU).current_bytes;
+  DataPtr pinned = allocate_pinned_host(kBytes);
+  DataPtr back = allocate_pinned_host(kBytes);
+  EXPECT_EQ(memory_stats(kCPU).current_bytes, cpu_before);
+  auto* p = static_cast<uint8_t*>(pinned.get());
+  for (size_t i = 0; i < kBytes; ++i) p[i] = static_cast<uint8_t>(i * 17 + 3);
+  DataPtr dev = get_allocator(cuda_device(0)).allocate(kBytes);
+  copy_bytes(dev.get(), cuda_device(0), pinned.get(), kCPU, kBytes);
+  copy_bytes(back.get(), kCPU, dev.get(), cuda_device(0), kBytes);
+  EXPECT_EQ(std::memcmp(back.get(), pinned.get(), kBytes), 0);
 }

@@ -4,6 +4,7 @@
 // td::Error saying the build has no CUDA backend.
 #include <cstddef>
 
+#include "tardelli/core/allocator.h"
 #include "tardelli/core/device.h"
 
 namespace td {
@@ -20,5 +21,9 @@ void cuda_synchronize(int device = -1);
 // and returns when the copy is complete. GPU copies run on the current stream of the CUDA
 // device involved (the destination's for CUDA<->CUDA), ordered after work queued there.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+// nbytes of page-locked host memory (cudaHostAlloc): host buffers that GPU copies read or write
+// at full PCIe speed and asynchronously. td::Error without the CUDA backend or a device.
+// Not counted by memory_stats(kCPU).
+DataPtr allocate_pinned_host(size_t nbytes);
 
 }  // namespace td

@@ -39,8 +39,8 @@ namespace td::distributed {
 // which it reads through ddp.shard_grad()).
 struct ShardedOptimizerOptions {
   // Note [Optimizer offload]: the fp32 master weights, both moments and a gradient copy of this
-  // rank's shard live in host memory (kCPU; pinned on a CUDA build once td has pinned host
-  // allocations); step() copies the shard's gradient to the host, runs the fused CPU
+  // rank's shard live in host memory (kCPU; page-locked when the parameters are on a GPU,
+  // host_state_pinned()); step() copies the shard's gradient to the host, runs the fused CPU
   // td::adamw_step there and copies the updated masters back to the device shard it gathers
   // from. Device memory then holds no optimizer state at all.
   bool offload = false;
@@ -116,6 +116,8 @@ class DistributedOptimizer {
   // Of those (plus the offload gradient copy), the bytes held in host memory under offload.
   int64_t host_state_bytes() const;
   bool offloaded() const { return options_.offload; }
+  // Offload of a GPU run: the host state is page-locked (allocate_pinned_host).
+  bool host_state_pinned() const { return pinned_; }
   int64_t step_count() const { return step_; }
   const std::vector<Piece>& pieces() const { return pieces_; }
 
@@ -137,6 +139,7 @@ class DistributedOptimizer {
   std::vector<Piece> pieces_;
   std::vector<Tensor> shard_in_;  // per bucket: this rank's updated shard (ZeRO-3: the params')
   bool alias_ = false;            // Note [Masters are the parameters]
+  bool pinned_ = false;           // host state in page-locked memory
   int64_t step_ = 0;
   CommPtr model_parallel_;
   std::vector<bool> counted_;  // per DDP parameter (empty: all count)
