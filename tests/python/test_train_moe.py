@@ -135,6 +135,16 @@ def test_cli_moe_run_reports_metrics_and_learns(reference, tmp_path):
     assert rows(m)[0]["moe_dropped_tokens"] > 0
 
 
+def test_full_recompute_counts_each_forward_once(reference, tmp_path):
+    # Property: --recompute full runs each block again in backward; the statistics (and so
+    # the metrics and the bias update) count the forward only, so nothing changes.
+    m = tmp_path / "m.jsonl"
+    train(1, "--steps", "2", "--recompute", "full", "--metrics-file", str(m))
+    for got, ref in zip(rows(m), reference["rows"][:2]):
+        for k in ("loss",) + MOE_KEYS:
+            assert got[k] == pytest.approx(ref[k], rel=1e-6), k
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A small regular corpus (sentences of a tiny grammar), byte-level BPE of 300 tokens."""
