@@ -1,6 +1,6 @@
 """Mixture of experts from Python and `python -m tardelli.train` (docs/moe.md): the bindings,
-the CLI's MoE flags and their validation, the per-step MoE metrics, data parallelism (ZeRO 0, 1
-and 3) against one process with the same micro-batches, the router-bias update summed over dp
+the CLI's MoE flags and their validation, the per-step MoE metrics, data parallelism (ZeRO 0, 1,
+2 and 3) against one process with the same micro-batches, the router-bias update summed over dp
 ranks, and exact resume with the expert biases in the checkpoint."""
 import json
 import os
@@ -184,7 +184,7 @@ def test_moe_loss_falls_on_a_corpus(corpus, tmp_path):
     assert s["val_loss"] < 0.8 * first and s["moe_layers"] == 2
 
 
-@pytest.mark.parametrize("zero", [0, 1, 3])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_data_parallel_moe_matches_one_rank(reference, tmp_path, zero):
     # Property: two dp ranks with one micro-batch each follow the one-rank run that accumulates
     # the same two micro-batches: losses and aux losses to fp32 rounding, the global-batch
