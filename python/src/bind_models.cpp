@@ -17,6 +17,30 @@ py::list named_list(const nn::NamedTensors& ts) {
   return r;
 }
 
+py::dict moe_stats_dict(const models::MoEStats& s) {
+  py::list layers;
+  for (const auto& l : s.layers) {
+    py::dict d;
+    d["layer"] = l.layer;
+    d["forwards"] = l.forwards;
+    d["tokens"] = l.tokens;
+    d["tokens_per_expert"] = l.tokens_per_expert;
+    d["dropped"] = l.dropped;
+    d["aux_loss"] = l.aux_loss;
+    d["z_loss"] = l.z_loss;
+    d["max_load"] = l.max_load();
+    d["mean_load"] = l.mean_load();
+    layers.append(d);
+  }
+  py::dict r;
+  r["layers"] = layers;
+  r["aux_loss"] = s.aux_loss();
+  r["z_loss"] = s.z_loss();
+  r["dropped"] = s.dropped();
+  r["max_load_ratio"] = s.max_load_ratio();
+  return r;
+}
+
 }  // namespace
 
 void init_models(py::module_& m, TensorClass& /*cls*/) {
@@ -27,7 +51,10 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
       .def(py::init([](const std::string& arch, int64_t vocab_size, int64_t block_size,
                        int64_t n_layer, int64_t n_head, int64_t n_kv_head, int64_t d_model,
                        int64_t ffn_hidden, double dropout, double norm_eps, double rope_base,
-                       DType dtype, uint64_t seed) {
+                       DType dtype, uint64_t seed, int64_t num_experts, int64_t moe_top_k,
+                       int64_t moe_ffn_hidden, int64_t moe_layer_freq, int64_t moe_shared_experts,
+                       bool moe_norm_topk, double moe_aux_loss_coeff, double moe_z_loss_coeff,
+                       double moe_router_bias_update_rate, double moe_capacity_factor) {
              GPTConfig c;
              c.arch = models::parse_arch(arch);
              c.vocab_size = vocab_size;
@@ -42,13 +69,29 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
              c.rope_base = rope_base;
              c.dtype = dtype;
              c.seed = seed;
+             c.num_experts = num_experts;
+             c.moe_top_k = moe_top_k;
+             c.moe_ffn_hidden = moe_ffn_hidden;
+             c.moe_layer_freq = moe_layer_freq;
+             c.moe_shared_experts = moe_shared_experts;
+             c.moe_norm_topk = moe_norm_topk;
+             c.moe_aux_loss_coeff = moe_aux_loss_coeff;
+             c.moe_z_loss_coeff = moe_z_loss_coeff;
+             c.moe_router_bias_update_rate = moe_router_bias_update_rate;
+             c.moe_capacity_factor = moe_capacity_factor;
              return c;
            }),
            py::kw_only(), "arch"_a = models::arch_name(d.arch), "vocab_size"_a = d.vocab_size,
            "block_size"_a = d.block_size, "n_layer"_a = d.n_layer, "n_head"_a = d.n_head,
            "n_kv_head"_a = d.n_kv_head, "d_model"_a = d.d_model, "ffn_hidden"_a = d.ffn_hidden,
            "dropout"_a = d.dropout, "norm_eps"_a = d.norm_eps, "rope_base"_a = d.rope_base,
-           "dtype"_a = d.dtype, "seed"_a = d.seed)
+           "dtype"_a = d.dtype, "seed"_a = d.seed, "num_experts"_a = d.num_experts,
+           "moe_top_k"_a = d.moe_top_k, "moe_ffn_hidden"_a = d.moe_ffn_hidden,
+           "moe_layer_freq"_a = d.moe_layer_freq, "moe_shared_experts"_a = d.moe_shared_experts,
+           "moe_norm_topk"_a = d.moe_norm_topk, "moe_aux_loss_coeff"_a = d.moe_aux_loss_coeff,
+           "moe_z_loss_coeff"_a = d.moe_z_loss_coeff,
+           "moe_router_bias_update_rate"_a = d.moe_router_bias_update_rate,
+           "moe_capacity_factor"_a = d.moe_capacity_factor)
       .def_property(
           "arch", [](const GPTConfig& c) { return std::string(models::arch_name(c.arch)); },
           [](GPTConfig& c, const std::string& s) { c.arch = models::parse_arch(s); })
@@ -64,6 +107,17 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
       .def_readwrite("rope_base", &GPTConfig::rope_base)
       .def_readwrite("dtype", &GPTConfig::dtype)
       .def_readwrite("seed", &GPTConfig::seed)
+      .def_readwrite("num_experts", &GPTConfig::num_experts)
+      .def_readwrite("moe_top_k", &GPTConfig::moe_top_k)
+      .def_readwrite("moe_ffn_hidden", &GPTConfig::moe_ffn_hidden)
+      .def_readwrite("moe_layer_freq", &GPTConfig::moe_layer_freq)
+      .def_readwrite("moe_shared_experts", &GPTConfig::moe_shared_experts)
+      .def_readwrite("moe_norm_topk", &GPTConfig::moe_norm_topk)
+      .def_readwrite("moe_aux_loss_coeff", &GPTConfig::moe_aux_loss_coeff)
+      .def_readwrite("moe_z_loss_coeff", &GPTConfig::moe_z_loss_coeff)
+      .def_readwrite("moe_router_bias_update_rate", &GPTConfig::moe_router_bias_update_rate)
+      .def_readwrite("moe_capacity_factor", &GPTConfig::moe_capacity_factor)
+      .def("is_moe_layer", &GPTConfig::is_moe_layer, "i"_a)
       .def("kv_heads", &GPTConfig::kv_heads)
       .def("head_dim", &GPTConfig::head_dim)
       .def("ffn_hidden_size", [](const GPTConfig& c) { return models::ffn_hidden_size(c); })
@@ -106,6 +160,21 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
           "dropout_generator", [](GPT& g) -> Generator& { return g.dropout_generator(); },
           py::return_value_policy::reference_internal)
       .def("named_parameters", [](const GPT& g) { return named_list(g.named_parameters()); })
+      .def("named_buffers", [](const GPT& g) { return named_list(g.named_buffers()); })
+      .def("moe_stats", [](const GPT& g) { return moe_stats_dict(g.moe_stats()); })
+      .def("reset_moe_stats", &GPT::reset_moe_stats)
+      .def("update_moe_router_bias", &GPT::update_moe_router_bias, nogil())
+      .def_property(
+          "moe_router_load", [](GPT& g) { return g.moe_router_load(); },
+          [](GPT& g, const std::vector<std::vector<int64_t>>& load) {
+            auto& mine = g.moe_router_load();
+            TD_CHECK(load.size() == mine.size(), "GPT.moe_router_load: ", load.size(),
+                     " layers given, this model has ", mine.size(), " MoE layers");
+            for (size_t i = 0; i < load.size(); ++i)
+              TD_CHECK(load[i].size() == mine[i].size(), "GPT.moe_router_load: layer ", i, " has ",
+                       load[i].size(), " experts, the model's ", mine[i].size());
+            mine = load;
+          })
       .def(
           "set_recompute",
           [](GPT& g, const std::string& mode, int64_t num_layers) {

@@ -28,8 +28,13 @@ _DTYPE_NAMES = {
     "fp16": _C.dtype.float16, "float16": _C.dtype.float16,
 }
 _SHORT = {_C.dtype.float32: "fp32", _C.dtype.bfloat16: "bf16", _C.dtype.float16: "fp16"}
-_FIELDS = ("arch", "vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model",
-           "ffn_hidden", "dropout", "norm_eps", "rope_base", "dtype", "seed")
+_DENSE_FIELDS = ("arch", "vocab_size", "block_size", "n_layer", "n_head", "n_kv_head",
+                 "d_model", "ffn_hidden", "dropout", "norm_eps", "rope_base", "dtype", "seed")
+# Mixture of experts (include/tardelli/models/gpt_config.h, docs/moe.md); num_experts 0: dense.
+_MOE_FIELDS = ("num_experts", "moe_top_k", "moe_ffn_hidden", "moe_layer_freq",
+               "moe_shared_experts", "moe_norm_topk", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+               "moe_router_bias_update_rate", "moe_capacity_factor")
+_FIELDS = _DENSE_FIELDS + _MOE_FIELDS
 
 
 def _as_compute_dtype(dtype):
@@ -45,7 +50,10 @@ class GPTConfig(_CConfig):
     """The model's configuration, keyword-constructed: arch ("gpt2" | "llama"), vocab_size,
     block_size, n_layer, n_head, n_kv_head (0: = n_head), d_model, ffn_hidden (0: the arch's
     rule), dropout, norm_eps, rope_base, dtype ("fp32" | "bf16" | "fp16", or a td dtype: the
-    compute dtype; parameters stay fp32) and seed (initialization). Defaults are GPT-2 small."""
+    compute dtype; parameters stay fp32) and seed (initialization). Defaults are GPT-2 small.
+    Mixture of experts (docs/moe.md): num_experts (0: dense), moe_top_k, moe_ffn_hidden (0: the
+    dense MLP's), moe_layer_freq, moe_shared_experts, moe_norm_topk, moe_aux_loss_coeff,
+    moe_z_loss_coeff, moe_router_bias_update_rate, moe_capacity_factor (0: dropless)."""
 
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - set(_FIELDS))
@@ -61,7 +69,9 @@ class GPTConfig(_CConfig):
         super().__setattr__(name, value)
 
     def to_dict(self):
-        d = {f: getattr(self, f) for f in _FIELDS}
+        """The fields by name (dtype as "fp32"/"bf16"/"fp16"); the MoE fields only for an MoE
+        model, as in a checkpoint's meta.json (td.checkpoint.config_to_dict)."""
+        d = _config_dict(self)
         d["dtype"] = _SHORT[d["dtype"]]
         return d
 
@@ -119,9 +129,25 @@ class GPT(nn.Module):
         for name, t in self._cpp.named_parameters():
             mod_path, _, leaf = name.rpartition(".")
             self._node(mod_path, types).register_parameter(leaf, nn.Parameter(t))
+        for name, t in self._cpp.named_buffers():  # the MoE routers' expert_bias
+            mod_path, _, leaf = name.rpartition(".")
+            self._node(mod_path, types).register_buffer(leaf, t)
         if self.config.arch == "gpt2" and self._cpp.stage[3]:
             # Tied head: the same Parameter object under both names, as nanoGPT/HF tie them.
             self._node("lm_head", types).register_parameter("weight", self.wte.weight)
+
+    def _apply(self, fn, floating_only):
+        # A buffer (expert_bias) is the C++ model's own tensor: convert it like a parameter, by
+        # pointing its TensorImpl at the new data, so the C++ forward sees the result.
+        before = [(m, n, b) for m in self.modules() for n, b in m._buffers.items()
+                  if b is not None]
+        super()._apply(fn, floating_only)
+        for m, n, old in before:
+            new = m._buffers[n]
+            if new is not old:
+                old.data = new
+                m._buffers[n] = old
+        return self
 
     @property
     def tp_size(self):
@@ -218,16 +244,58 @@ class GPT(nn.Module):
         """The td.Generator dropout draws from (its state is part of a training checkpoint)."""
         return self._cpp.dropout_generator
 
+    # ---- mixture of experts (Note [MoE training mode] in include/tardelli/models/moe_mlp.h) ----
+
+    @property
+    def num_moe_layers(self):
+        """The MoE layers of this model (stage); 0 for a dense model."""
+        return len(self._cpp.moe_router_load)
+
+    def moe_stats(self):
+        """The MoE statistics summed over the training forwards since reset_moe_stats(): a dict
+        with "layers" (per MoE layer: layer (block index), forwards, tokens, tokens_per_expert
+        (token-slots routed to each expert, before the capacity), dropped, aux_loss and z_loss
+        (unscaled, summed over forwards), max_load and mean_load (token-slots of the busiest
+        expert / per expert)) and the means over layers and forwards: aux_loss, z_loss, dropped
+        (summed), max_load_ratio (max over layers of max_load / mean_load; 1: balanced)."""
+        return self._cpp.moe_stats()
+
+    def reset_moe_stats(self):
+        """Clears the statistics and the router loads pending for update_moe_router_bias()."""
+        self._cpp.reset_moe_stats()
+
+    def update_moe_router_bias(self):
+        """The aux-loss-free balancing step (DeepSeek-V3): each MoE layer's router.expert_bias
+        moves by moe_router_bias_update_rate towards the experts loaded below the mean (loads
+        of moe_router_load, which are then cleared). A no-op when the rate is 0."""
+        self._cpp.update_moe_router_bias()
+
+    @property
+    def moe_router_load(self):
+        """The loads pending for update_moe_router_bias(): [MoE layer][expert] token-slots (a
+        copy). Assign a list of the same shape (e.g. summed over data-parallel ranks) to
+        replace them."""
+        return self._cpp.moe_router_load
+
+    @moe_router_load.setter
+    def moe_router_load(self, load):
+        self._cpp.moe_router_load = [[int(x) for x in row] for row in load]
+
     def matmul_params(self):
         """Weights that take part in a matrix multiply: every parameter with dim >= 2 except the
         token and position embeddings (lookups), plus the tied gpt2 head (wte as a GEMM
-        operand), counted once more. A pipeline stage counts its own part."""
+        operand), counted once more; the routed experts' weights x top_k / num_experts (the
+        share a token uses). A pipeline stage counts its own part."""
         c = self.config
         n = 0
         for name, _ in self._cpp.named_parameters():
             shape = self._cpp.full_shape(name)
             if len(shape) >= 2 and name not in ("wte.weight", "wpe.weight"):
-                n += math.prod(shape)
+                if ".mlp.experts." in name:
+                    # A token goes through top_k of the num_experts stacked experts.
+                    n += math.prod(shape) * c.moe_top_k // c.num_experts
+                else:
+                    n += math.prod(shape)
         return n + (c.vocab_size * c.d_model if c.arch == "gpt2" and self.stage[3] else 0)
 
     def flops_per_step(self, batch, seq_len):
@@ -254,8 +322,7 @@ class GPT(nn.Module):
 
 
 def _config_dict(c):
-    d = {f: getattr(c, f) for f in _FIELDS}
-    return d
+    return {f: getattr(c, f) for f in (_FIELDS if c.num_experts > 0 else _DENSE_FIELDS)}
 
 
 __all__ = ["GPTConfig", "GPT", "IGNORE_INDEX"]

@@ -33,6 +33,26 @@ class TrainConfig:
         help="vocabulary (0: from the dataset's tokenizer; required with --synthetic-data)"))
     dropout: float = field(default=0.0, metadata=dict(help="dropout probability"))
     dtype: str = field(default="fp32", metadata=dict(help="compute dtype: fp32 | bf16 | fp16"))
+    # ---- mixture of experts (docs/moe.md) ----
+    num_experts: int = field(default=0, metadata=dict(
+        help="routed experts per MoE layer (0: a dense model)"))
+    moe_top_k: int = field(default=2, metadata=dict(help="experts each token is routed to"))
+    moe_ffn_hidden: int = field(default=0, metadata=dict(
+        help="each expert's hidden size (0: the dense MLP's, --ffn-hidden or the arch's rule)"))
+    moe_layer_freq: int = field(default=1, metadata=dict(
+        help="block i is an MoE block iff i %% F == 0 (1: every block)"))
+    moe_shared_experts: int = field(default=0, metadata=dict(
+        help="always-on shared experts (one dense MLP of S x the expert hidden size)"))
+    moe_aux_loss_coeff: float = field(default=0.01, metadata=dict(
+        help="load-balancing (Switch) loss coefficient, per MoE layer"))
+    moe_z_loss_coeff: float = field(default=0.0, metadata=dict(
+        help="router z-loss (ST-MoE) coefficient, per MoE layer"))
+    moe_router_bias_update_rate: float = field(default=0.0, metadata=dict(
+        help="aux-loss-free balancing (DeepSeek-V3): expert bias step after each optimizer "
+             "step (0: off)"))
+    moe_capacity_factor: float = field(default=0.0, metadata=dict(
+        help="expert capacity = factor x tokens x top-k / experts, overflow dropped (0: "
+             "dropless)"))
     # ---- batch and optimizer ----
     micro_batch_size: int = field(default=8, metadata=dict(help="samples per forward/backward"))
     global_batch_size: int = field(default=0, metadata=dict(
@@ -306,6 +326,7 @@ def validate(cfg, dp_size=1):
              "(--kv-heads; grouped-query attention splits them too)")
         need(cfg.cp > 1 or not cfg.sequence_parallel or cfg.seq_len % cfg.tp == 0,
              f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
+    validate_moe(cfg, need)
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
     need(cfg.trace == "" or cfg.pp > 1, "--trace records the pipeline timeline: it needs --pp > 1")
@@ -362,6 +383,32 @@ def validate(cfg, dp_size=1):
          f"--split must be three non-negative ratios with train > 0, e.g. 98,1,1; got "
          f"{cfg.split!r}")
     need(not cfg.resume or cfg.save, "--resume needs --save DIR (where the checkpoints are)")
+
+
+def validate_moe(cfg, need):
+    """The mixture-of-experts keys (checked whatever --num-experts, so a typo in a dense run's
+    MoE key is caught too) and the layouts the MoE model does not support yet."""
+    need(cfg.num_experts >= 0, f"--num-experts must be >= 0 (0: dense), got {cfg.num_experts}")
+    for name in ("moe_ffn_hidden", "moe_shared_experts"):
+        need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
+             f"got {getattr(cfg, name)}")
+    need(cfg.moe_layer_freq >= 1, f"--moe-layer-freq must be >= 1, got {cfg.moe_layer_freq}")
+    for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate",
+                 "moe_capacity_factor"):
+        v = getattr(cfg, name)
+        need(math.isfinite(v) and v >= 0,
+             f"--{name.replace('_', '-')} must be a number >= 0, got {v}")
+    if cfg.num_experts == 0:
+        return
+    need(1 <= cfg.moe_top_k <= cfg.num_experts,
+         f"--moe-top-k {cfg.moe_top_k} must be in [1, --num-experts {cfg.num_experts}]")
+    need(cfg.tp == 1, f"--num-experts {cfg.num_experts} with --tp {cfg.tp}: the MoE layers are "
+         "not tensor-parallel yet (use --tp 1)")
+    need(cfg.cp == 1, f"--num-experts {cfg.num_experts} with --cp {cfg.cp}: the MoE layers do "
+         "not support context parallelism yet (use --cp 1)")
+    need(cfg.pp == 1, f"--num-experts {cfg.num_experts} with --pp {cfg.pp}: pipeline "
+         "parallelism with MoE layers is not supported yet (the auxiliary losses of stages "
+         "without the head have no backward seed; use --pp 1)")
 
 
 def accumulation_steps(cfg, dp_size=1):

@@ -40,6 +40,9 @@ def format_log_line(rec, steps):
     line = (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
             f"grad norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
             f"mfu {100 * rec['mfu']:.1f}% | mem {rec['mem_bytes'] / 2**20:.0f} MiB")
+    if "moe_aux_loss" in rec:
+        line += (f" | moe aux {rec['moe_aux_loss']:.3f} z {rec['moe_z_loss']:.3f} "
+                 f"max load {rec['moe_max_load']:.2f}x dropped {rec['moe_dropped_tokens']}")
     if "loss_scale" in rec:
         line += f" | loss scale {rec['loss_scale']:g}" + (" (skipped)" if rec["skipped"] else "")
     if "val_loss" in rec:

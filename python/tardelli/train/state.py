@@ -4,7 +4,8 @@
     SAVE/latest                 the name of the newest complete step directory
     SAVE/step_00000500/
         meta.json               step, model config, schedule, data position, RNG states, args
-        model.safetensors       every parameter by its GPT name (fp32 master weights)
+        model.safetensors       every parameter by its GPT name (fp32 master weights), then
+                                the buffers (an MoE model's router.expert_bias)
         optimizer.safetensors   "<param>.exp_avg", "<param>.exp_avg_sq"; __metadata__
                                 "optimizer": groups (parameter names, hyperparameters), steps
         optimizer.rankNNNNN.safetensors   instead, with --zero 1/2/3: each rank's shard (fp32
@@ -44,6 +45,20 @@ def _named_params(model):
     # The C++ models' lists: every parameter once (the tied head is wte.weight); a pipeline
     # rank's chunks hold distinct names.
     return [nt for ch in _chunks(model) for nt in ch._cpp.named_parameters()]
+
+
+def _named_buffers(model):
+    # The MoE routers' expert_bias (not trained, replicated: equal on every dp rank because
+    # the trainer sums the router loads over dp before each bias update); none when dense.
+    return [nt for ch in _chunks(model) for nt in ch._cpp.named_buffers()]
+
+
+def _model_tensors(model, params=None):
+    """What a model file holds: the parameters (or `params`, ZeRO-3's gathered ones) and the
+    buffers."""
+    t = dict(params) if params else dict(_named_params(model))
+    t.update(_named_buffers(model))
+    return t
 
 
 def _schedule_meta(cfg, step):
@@ -187,13 +202,13 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
         writer.write_tensors(_shard_file(rank), tensors, metadata)
     if split and dp_first:
         writer.write_tensors(_tp_file("model", tp_rank, shard_pp),
-                             params or dict(_named_params(model)), _tp_metadata(model))
+                             _model_tensors(model, params), _tp_metadata(model))
         if not sharded:
             tensors, metadata = _optimizer_tensors(model, opt)
             writer.write_tensors(_tp_file("optimizer", tp_rank, shard_pp), tensors, metadata)
     if rank == 0:
         if not split:
-            writer.write_tensors("model.safetensors", params or dict(_named_params(model)))
+            writer.write_tensors("model.safetensors", _model_tensors(model, params))
             if not sharded:
                 writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
         if tokenizer_dir:
@@ -313,6 +328,12 @@ def _load_sharded_model(reader, path, model, fsdp, f, split):
     """ZeRO-3: the checkpoint's parameters (full, or this tp rank's shards) into the FSDP
     shards, after the same name (and shard layout) checks as the replicated loaders."""
     tensors = dict(reader.read_tensors(f))
+    buffers = dict(_named_buffers(model))
+    for n, b in buffers.items():
+        if n not in tensors:
+            raise C.ConfigError(f"--resume: {path}/{f}: buffer '{n}' is missing")
+        with td.no_grad():
+            b.copy_(tensors.pop(n))
     names = set(fsdp.param_names)
     if set(tensors) != names:
         raise C.ConfigError(f"--resume: {path}/{f}: parameter names differ (missing "

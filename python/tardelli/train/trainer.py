@@ -139,7 +139,12 @@ def model_config(cfg, vocab_size):
     return td.models.GPTConfig(
         arch=cfg.arch, vocab_size=vocab_size, block_size=cfg.seq_len, n_layer=cfg.layers,
         n_head=cfg.heads, n_kv_head=cfg.kv_heads, d_model=cfg.d_model,
-        ffn_hidden=cfg.ffn_hidden, dropout=cfg.dropout, dtype=cfg.dtype, seed=cfg.seed)
+        ffn_hidden=cfg.ffn_hidden, dropout=cfg.dropout, dtype=cfg.dtype, seed=cfg.seed,
+        num_experts=cfg.num_experts, moe_top_k=cfg.moe_top_k, moe_ffn_hidden=cfg.moe_ffn_hidden,
+        moe_layer_freq=cfg.moe_layer_freq, moe_shared_experts=cfg.moe_shared_experts,
+        moe_aux_loss_coeff=cfg.moe_aux_loss_coeff, moe_z_loss_coeff=cfg.moe_z_loss_coeff,
+        moe_router_bias_update_rate=cfg.moe_router_bias_update_rate,
+        moe_capacity_factor=cfg.moe_capacity_factor)
 
 
 def schedule(cfg):
@@ -229,6 +234,71 @@ def _max_over_ranks(value, world):
     return int(t.item())
 
 
+def _sum_ints_over(rows, group):
+    """Lists of ints summed elementwise over a process group (one all-reduce)."""
+    flat = [int(x) for r in rows for x in r]
+    if group is None or group.size == 1 or not flat:
+        return [list(r) for r in rows]
+    t = td.tensor(flat, dtype=td.int64)
+    group.all_reduce(t, "sum")
+    flat, out = t.tolist(), []
+    for r in rows:
+        out.append([int(x) for x in flat[:len(r)]])
+        flat = flat[len(r):]
+    return out
+
+
+def moe_step_metrics(model, loss_sum, accum, dp_group):
+    """Note [MoE metrics]: the step's MoE statistics over its micro-batches (the model's stats
+    are reset at the step's start) and data-parallel ranks, and its mean cross-entropy.
+
+    A training forward returns CE + sum over MoE layers of (aux_coeff x aux + z_coeff x z); the
+    statistics hold each layer's unscaled aux and z summed over forwards, so the cross-entropy
+    is loss_sum minus those terms (equal to the forward's CE up to fp32 rounding). The metrics:
+    moe_aux_loss, moe_z_loss: unscaled, mean over layers and forwards (and dp ranks);
+    moe_max_load: max over layers of the busiest expert's token-slots / the mean per expert (a
+    ratio: 1.0 is perfect balance, E / top_k the worst); moe_mean_load: that ratio averaged over
+    layers; moe_dropped_tokens: token-slots over capacity, summed over layers and dp ranks.
+    Loads are counted over the whole global batch (summed over dp) before the capacity."""
+    st = model.moe_stats()
+    cfg = model.config
+    layers = st["layers"]
+    terms = sum(cfg.moe_aux_loss_coeff * lay["aux_loss"] + cfg.moe_z_loss_coeff * lay["z_loss"]
+                for lay in layers)
+    counts = _sum_ints_over([lay["tokens_per_expert"] for lay in layers] +
+                            [[st["dropped"]]], dp_group)
+    dropped = counts.pop()[0]
+    ratios = []
+    for c in counts:
+        mean = sum(c) / len(c)
+        ratios.append(max(c) / mean if mean > 0 else 0.0)
+    return (loss_sum - terms) / accum, {
+        "moe_aux_loss": st["aux_loss"], "moe_z_loss": st["z_loss"],
+        "moe_max_load": max(ratios, default=0.0),
+        "moe_mean_load": sum(ratios) / len(ratios) if ratios else 0.0,
+        "moe_dropped_tokens": dropped}
+
+
+def update_moe_router_bias(model, dp_group):
+    """Note [MoE bias over dp]: the aux-loss-free bias step on the loads of the whole global
+    batch: each rank's pending router loads are summed over the data-parallel group first, so
+    every replica applies the same update (and the result equals a single-rank run's)."""
+    model.moe_router_load = _sum_ints_over(model.moe_router_load, dp_group)
+    model.update_moe_router_bias()
+
+
+def _moe_bias_replicated(model, dp_group):
+    """Whether the expert biases are bitwise equal on every rank of dp_group (a collective)."""
+    biases = [b for _, b in model._cpp.named_buffers()]
+    if dp_group is None or dp_group.size == 1 or not biases:
+        return True
+    flat = td.cat([b.reshape(-1) for b in biases])
+    hi, lo = flat.clone(), flat.clone()
+    dp_group.all_reduce(hi, "max")
+    dp_group.all_reduce(lo, "min")
+    return bool(td.equal(hi, flat) and td.equal(lo, flat))
+
+
 def train(cfg, world=None, out=print):
     """Runs one training job; returns the summary dict (also printed as the last line on rank
     0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
@@ -277,6 +347,8 @@ def train(cfg, world=None, out=print):
         if cfg.device != "cpu":
             ch.to(cfg.device)
     model = chunks[0]
+    moe = mcfg.num_experts > 0  # pp, tp and cp are refused with experts (config.validate_moe)
+    dp_group = grid.dp() if grid is not None else None
     named = [(n, p) for ch in chunks for n, p in ch.named_parameters()]
     groups = [{"params": [p for ch in chunks for p in ch.param_groups(cfg.weight_decay)[i]
                           ["params"]], "weight_decay": cfg.weight_decay if i == 0 else 0.0}
@@ -381,6 +453,8 @@ def train(cfg, world=None, out=print):
             t0 = time.perf_counter()
             if ddp is not None:
                 ddp.zero_grad()
+            if moe:
+                model.reset_moe_stats()  # the step's statistics: all its micro-batches
             loss_sum = 0.0
             loss_scale = scaler.scale if scaler is not None else 1.0
             # The factor backward is seeded with (x 1/accum below): the loss scale, or inf on
@@ -440,6 +514,8 @@ def train(cfg, world=None, out=print):
                 grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
             if applied:
                 opt.step()
+                if moe and mcfg.moe_router_bias_update_rate > 0:
+                    update_moe_router_bias(model, dp_group)
             if ddp is None:
                 opt.zero_grad(set_to_none=True)
             if mem_device.type == "cuda":
@@ -447,6 +523,12 @@ def train(cfg, world=None, out=print):
             dt = time.perf_counter() - t0
             t_train += dt
             step += 1
+            moe_rec = {}
+            if moe:
+                # `loss` stays the cross-entropy, comparable with a dense run's and with
+                # val_loss; the auxiliary terms are reported apart (Note [MoE metrics]).
+                lm_loss, moe_rec = moe_step_metrics(model, loss_sum, accum, dp_group)
+                loss_sum = lm_loss * accum
             rec = {"step": step, "loss": _mean_over_ranks(loss_sum / accum, world), "lr": lr,
                    "grad_norm": grad_norm, "tokens_per_s": global_batch * cfg.seq_len / dt,
                    "mfu": flops_per_step / dt / peak,
@@ -455,6 +537,10 @@ def train(cfg, world=None, out=print):
             peak_rank = max(peak_rank, rec["mem_bytes"])
             rec["peak_mem_bytes_max_rank"] = _max_over_ranks(rec["mem_bytes"], world)
             peak_max_rank = max(peak_max_rank, rec["peak_mem_bytes_max_rank"])
+            for k in ("moe_aux_loss", "moe_z_loss"):
+                if k in moe_rec:
+                    moe_rec[k] = _mean_over_ranks(moe_rec[k], world)
+            rec.update(moe_rec)
             if scaler is not None:
                 rec["loss_scale"] = loss_scale
                 rec["skipped"] = not applied
@@ -504,6 +590,10 @@ def train(cfg, world=None, out=print):
             summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
             summary["host_state_bytes"] = opt.host_state_bytes()
             summary["grad_buffer_bytes"] = ddp._cpp.grad_buffer_bytes()
+    if moe:
+        summary["num_experts"] = mcfg.num_experts
+        summary["moe_layers"] = model.num_moe_layers
+        summary["moe_bias_replicated"] = _moe_bias_replicated(model, dp_group)
     if scaler is not None:
         summary["loss_scale"] = scaler.scale
         summary["skipped_steps"] = scaler.skipped_steps
