@@ -201,6 +201,72 @@ Tensor gather_from_sequence(const Tensor& x, const CommPtr& comm, int64_t dim,
   return out;
 }
 
+namespace {
+
+Tensor rows_exchange(const Tensor& x, const std::vector<int64_t>& send_rows,
+                     const std::vector<int64_t>& recv_rows, const CommPtr& comm) {
+  const int64_t row = x.dim() > 1 ? x.numel() / std::max<int64_t>(1, x.size(0)) : 1;
+  int64_t out_rows = 0;
+  std::vector<int64_t> in_splits, out_splits;
+  for (size_t j = 0; j < send_rows.size(); ++j) {
+    in_splits.push_back(send_rows[j] * row);
+    out_splits.push_back(recv_rows[j] * row);
+    out_rows += recv_rows[j];
+  }
+  Shape shape = x.sizes();
+  shape[0] = out_rows;
+  Tensor out = empty(shape, {x.dtype(), x.device()});
+  Tensor in = x.detach().contiguous();
+  comm->all_to_all(out, in, out_splits, in_splits);
+  return out;
+}
+
+}  // namespace
+
+Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
+                       const std::vector<int64_t>& recv_rows, const CommPtr& comm) {
+  check_args(x, comm, "all_to_all_rows");
+  const size_t n = static_cast<size_t>(comm->size());
+  TD_CHECK(x.dim() >= 1, "all_to_all_rows: x must have a row dim, got ", describe(x));
+  TD_CHECK(send_rows.size() == n && recv_rows.size() == n, "all_to_all_rows: ", send_rows.size(),
+           " send and ", recv_rows.size(), " receive counts for a group of ", n, " (rank ",
+           comm->rank(), ")");
+  int64_t total = 0;
+  for (size_t j = 0; j < n; ++j) {
+    TD_CHECK(send_rows[j] >= 0 && recv_rows[j] >= 0,
+             "all_to_all_rows: negative row count "
+             "for rank ",
+             j, " (rank ", comm->rank(), ")");
+    total += send_rows[j];
+  }
+  TD_CHECK(total == x.size(0), "all_to_all_rows: the send counts add up to ", total,
+           " rows but x is ", describe(x), " (rank ", comm->rank(), ")");
+  if (n == 1) return x;
+  Tensor out = rows_exchange(x, send_rows, recv_rows, comm);
+  if (needs_grad({x})) {
+    record("AllToAllRowsBackward", {x}, {&out},
+           [comm, send_rows, recv_rows, shape = x.sizes(), oshape = out.sizes(), dt = x.dtype(),
+            dev = x.device()](const TensorList& g, const auto&) {
+             Tensor go = grad_or_zeros(g[0], oshape, dt, dev);
+             return TensorList{rows_exchange(go, recv_rows, send_rows, comm)};
+           });
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> exchange_counts(const std::vector<int64_t>& mine,
+                                                  const CommPtr& comm) {
+  TD_CHECK(comm != nullptr, "exchange_counts: the communicator is null");
+  const int64_t n = comm->size(), m = static_cast<int64_t>(mine.size());
+  Tensor in = from_vector<int64_t>(mine, {m});
+  Tensor all = empty({n * m}, {DType::Int64});
+  comm->all_gather(all, in);
+  const std::vector<int64_t> flat = to_vector<int64_t>(all);
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) out[j].assign(flat.begin() + j * m, flat.begin() + (j + 1) * m);
+  return out;
+}
+
 double sum_over_ranks(double local, const CommPtr& comm) {
   TD_CHECK(comm != nullptr, "sum_over_ranks: the communicator is null");
   Tensor in = empty({1}, {DType::Int64});

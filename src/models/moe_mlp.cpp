@@ -97,13 +97,17 @@ MoEForward moe_mlp(const Tensor& x, const MoEParams& p, const MoEOptions& o,
       o.training && o.capacity_factor > 0 ? moe_capacity(o.capacity_factor, T, K, E) : -1;
   const MoEDispatch disp = moe_dispatch(r.expert_index, E, capacity, x.device());
 
-  // The experts: c_fc, then c_proj on the activation (recomputed in backward when fuse_act).
-  const Tensor h =
-      grouped_linear(moe_permute(x2, disp), cast(p.fc_w), cast(p.fc_b), disp.tokens_per_expert);
-  const Tensor e =
-      o.fuse_act ? grouped_linear(h, cast(p.proj_w), cast(p.proj_b), disp.tokens_per_expert, o.act)
-                 : grouped_linear(mlp_activation(h, o.act), cast(p.proj_w), cast(p.proj_b),
-                                  disp.tokens_per_expert);
+  // The experts this device holds: c_fc, then c_proj on the activation (recomputed in backward
+  // when fuse_act), on rows grouped by local expert (Note [Expert dispatch]).
+  const MoELocalExperts local = [&](const Tensor& rows, const std::vector<int64_t>& sizes) {
+    const Tensor h = grouped_linear(rows, cast(p.fc_w), cast(p.fc_b), sizes);
+    return o.fuse_act
+               ? grouped_linear(h, cast(p.proj_w), cast(p.proj_b), sizes, o.act)
+               : grouped_linear(mlp_activation(h, o.act), cast(p.proj_w), cast(p.proj_b), sizes);
+  };
+  const Tensor rows = moe_permute(x2, disp);
+  const Tensor e = o.dispatch ? o.dispatch(rows, disp.tokens_per_expert, local)
+                              : local(rows, disp.tokens_per_expert);
   Tensor y = moe_unpermute(e, r.gates, disp);
   if (p.shared_fc_w.defined()) {
     const Tensor hs = linear(x2, cast(p.shared_fc_w), cast(p.shared_fc_b));

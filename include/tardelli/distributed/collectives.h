@@ -24,7 +24,9 @@
 // rank axis next to d with one copy, and reduce-scatter along d does the inverse before sending.
 #include <cstdint>
 
+#include <vector>
 #include "tardelli/core/tensor.h"
+
 #include "tardelli/distributed/communicator.h"
 
 namespace td::distributed {
@@ -41,6 +43,18 @@ Tensor reduce_scatter_to_sequence(const Tensor& x, const CommPtr& comm, int64_t 
 // only keeps its own chunk.
 Tensor gather_from_sequence(const Tensor& x, const CommPtr& comm, int64_t dim = 0,
                             bool tp_output_grad = true);
+
+// Note [Row all-to-all]: expert parallelism's exchange. x [R, ...] holds, back to back in rank
+// order, send_rows[j] rows for rank j (sum = R); the result holds recv_rows[j] rows from each
+// rank j, back to back in rank order. recv_rows must be what the peers send (exchange the counts
+// first: exchange_counts). Backward sends the gradient rows back the same way (the roles of the
+// counts swapped). A group of size 1 is the identity.
+Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
+                       const std::vector<int64_t>& recv_rows, const CommPtr& comm);
+// Every rank's `mine` (the same length everywhere): row j of the result is rank j's vector.
+// (All-gather of int64 counts, no autograd.)
+std::vector<std::vector<int64_t>> exchange_counts(const std::vector<int64_t>& mine,
+                                                  const CommPtr& comm);
 
 // The same collectives without autograd, on detached copies (never in place on `x`): the
 // building blocks above, usable directly on gradients or buffers.

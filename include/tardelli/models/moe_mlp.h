@@ -60,14 +60,26 @@ int64_t moe_hidden_size(const GPTConfig& config);
 MoEParams register_moe_mlp(nn::Module& block, int64_t i, const GPTConfig& config, double std_w,
                            double std_proj, const MoEInitFn& normal);
 
+// Note [Expert dispatch]: what runs the experts on the permuted rows (grouped by expert, in
+// expert order, rows_per_expert[e] rows for expert e of all num_experts). `local` computes the
+// experts whose weights this device holds, on rows grouped by those experts (group_sizes, one
+// per local expert). Without a dispatch the device holds every expert and runs local directly;
+// expert parallelism (parallel/expert_parallel.h) installs one that sends each expert's rows to
+// the rank holding it and brings the results back in the same order.
+using MoELocalExperts =
+    std::function<Tensor(const Tensor& rows, const std::vector<int64_t>& group_sizes)>;
+using MoEExpertDispatch = std::function<Tensor(
+    const Tensor& rows, const std::vector<int64_t>& rows_per_expert, const MoELocalExperts& local)>;
+
 struct MoEOptions {
-  int64_t num_experts = 0, top_k = 1;
+  int64_t num_experts = 0, top_k = 1;  // num_experts: all of them (the router's outputs)
   MlpActivation act = MlpActivation::GeluTanh;
   bool norm_topk = true;
   double capacity_factor = 0.0;  // 0: dropless
   double aux_loss_coeff = 0.0, z_loss_coeff = 0.0;
-  bool training = true;  // Note [MoE training mode]
-  bool fuse_act = true;  // the activation recomputed in backward (activation_linear)
+  bool training = true;        // Note [MoE training mode]
+  bool fuse_act = true;        // the activation recomputed in backward (activation_linear)
+  MoEExpertDispatch dispatch;  // Note [Expert dispatch]; null: every expert is local
   static MoEOptions from_config(const GPTConfig& config, bool training, bool fuse_act);
 };
 

@@ -1,0 +1,156 @@
+// Expert parallelism (include/tardelli/parallel/expert_parallel.h) at 2 and 4 ranks: the MoE
+// layer with its experts split over the world (ep = world size), each rank routing its own
+// tokens, against the one-device layer run on every rank's tokens together.
+//
+// Property: the outputs of this rank's tokens, their input gradients and this rank's experts'
+// weight gradients equal the one-device layer's (the same rows go through the same experts,
+// only regrouped and moved), and the router's gradient summed over ranks equals the one-device
+// router gradient (each rank's tokens contribute their part). Dropless, balancing losses off
+// (they are per-rank statistics by design). Tolerance: 1e-5 of each tensor's largest magnitude
+// (fp32; the per-expert GEMMs see their rows in another grouping, so sums may be re-associated
+// by the GEMM's blocking, a few ulps); a row sent to the wrong expert or returned to the wrong
+// slot changes values by O(1).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tardelli/autograd/engine.h"
+#include "tardelli/distributed/collectives.h"
+#include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/reduction.h"
+#include "tardelli/parallel/expert_parallel.h"
+
+namespace td::parallel {
+namespace {
+
+using distributed::CommPtr;
+
+CommPtr world() {
+  static CommPtr w = distributed::mpi_world();
+  return w;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = to_vector<float>(a.contiguous()),
+                           y = to_vector<float>(b.contiguous());
+  double worst = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(double(x[i]) - y[i]));
+  return worst;
+}
+
+double max_abs(const Tensor& a) {
+  double m = 0.0;
+  for (float v : to_vector<float>(a.contiguous())) m = std::max(m, std::fabs(double(v)));
+  return m;
+}
+
+Tensor leaf(const Tensor& t) {
+  return t.detach().clone().set_requires_grad(true);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_LE(max_abs_diff(got, want), 1e-5 * std::max(1.0, max_abs(want))) << what;
+}
+
+void check(bool gpt2, int64_t top_k) {
+  const CommPtr ep = world();
+  const int64_t n = ep->size(), r = ep->rank();
+  const int64_t E = 8, El = E / n, d = 16, H = 12, F = gpt2 ? H : 2 * H, T = 10;
+  const std::string tag = std::string(gpt2 ? "gpt2" : "llama") + " top_k " + std::to_string(top_k) +
+                          " ep " + std::to_string(n) + ": ";
+  Generator g(99);  // the same values on every rank
+  models::MoEParams full;
+  full.router_w = leaf(mul(randn({E, d}, {}, &g), 0.5));
+  full.expert_bias = zeros({E});
+  full.fc_w = leaf(mul(randn({E, F, d}, {}, &g), 0.2));
+  full.proj_w = leaf(mul(randn({E, d, H}, {}, &g), 0.2));
+  if (gpt2) {
+    full.fc_b = leaf(mul(randn({E, H}, {}, &g), 0.1));
+    full.proj_b = leaf(mul(randn({E, d}, {}, &g), 0.1));
+  }
+  const Tensor x_all = randn({n * T, d}, {}, &g), dy_all = randn({n * T, d}, {}, &g);
+
+  models::MoEOptions o;
+  o.num_experts = E;
+  o.top_k = top_k;
+  o.act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
+  o.training = true;
+  const models::MoECastFn cast = [](const Tensor& t, DType dt) {
+    return t.defined() && t.dtype() != dt ? t.to(dt) : t;
+  };
+
+  // One device, every rank's tokens.
+  Tensor xr = leaf(x_all);
+  models::MoEForward want = models::moe_mlp(xr, full, o, cast);
+  want.y.backward(dy_all);
+
+  // Expert parallel: this rank's tokens and experts.
+  models::MoEParams mine;
+  mine.router_w = leaf(full.router_w);
+  mine.expert_bias = full.expert_bias;
+  const auto slice = [&](const Tensor& t) {
+    return t.defined() ? leaf(t.narrow(0, r * El, El)) : Tensor();
+  };
+  mine.fc_w = slice(full.fc_w);
+  mine.proj_w = slice(full.proj_w);
+  mine.fc_b = slice(full.fc_b);
+  mine.proj_b = slice(full.proj_b);
+  models::MoEOptions oe = o;
+  oe.dispatch = expert_parallel_dispatch(ep);
+  Tensor x = leaf(x_all.narrow(0, r * T, T));
+  models::MoEForward got = models::moe_mlp(x, mine, oe, cast);
+  got.y.backward(dy_all.narrow(0, r * T, T).contiguous());
+
+  expect_close(got.y, want.y.narrow(0, r * T, T), tag + "output");
+  expect_close(x.grad(), xr.grad().narrow(0, r * T, T), tag + "input gradient");
+  expect_close(mine.fc_w.grad(), full.fc_w.grad().narrow(0, r * El, El), tag + "c_fc gradient");
+  expect_close(mine.proj_w.grad(), full.proj_w.grad().narrow(0, r * El, El),
+               tag + "c_proj gradient");
+  if (gpt2) {
+    expect_close(mine.fc_b.grad(), full.fc_b.grad().narrow(0, r * El, El), tag + "c_fc bias");
+    expect_close(mine.proj_b.grad(), full.proj_b.grad().narrow(0, r * El, El), tag + "c_proj bias");
+  }
+  const Tensor router = distributed::all_reduce_copy(mine.router_w.grad(), ep);
+  expect_close(router, full.router_w.grad(), tag + "router gradient (summed over ranks)");
+  // The statistics are this rank's: its tokens' routed slots.
+  int64_t slots = 0;
+  for (int64_t c : got.routed_per_expert) slots += c;
+  EXPECT_EQ(slots, T * top_k) << tag;
+}
+
+TEST(ExpertParallel, LlamaMatchesOneDevice) {
+  check(/*gpt2=*/false, 2);
+  check(/*gpt2=*/false, 1);
+}
+
+TEST(ExpertParallel, Gpt2MatchesOneDevice) {
+  check(/*gpt2=*/true, 2);
+}
+
+// Experts that do not split over ep are refused with the numbers, on every rank alike.
+TEST(ExpertParallel, UnevenExpertsRaise) {
+  const CommPtr ep = world();
+  const auto dispatch = expert_parallel_dispatch(ep);
+  const int64_t E = ep->size() + 1;
+  std::vector<int64_t> per_expert(static_cast<size_t>(E), 0);
+  per_expert[0] = 2;
+  const Tensor rows = zeros({2, 4});
+  try {
+    dispatch(rows, per_expert, [](const Tensor& t, const std::vector<int64_t>&) { return t; });
+    ADD_FAILURE() << "expected td::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(std::to_string(E) + " experts do not split evenly over ep " +
+                       std::to_string(ep->size())),
+              std::string::npos)
+        << msg;
+  }
+}
+
+}  // namespace
+}  // namespace td::parallel
