@@ -462,8 +462,42 @@ Tensor GPT::recomputed_block(size_t layer, const Tensor& x, int64_t start, bool 
   return out[0];
 }
 
+void GPT::set_expert_parallel(int64_t rank, int64_t size, MoEExpertDispatch dispatch) {
+  const int64_t E = config_.num_experts;
+  TD_CHECK(E > 0, "GPT.set_expert_parallel: the model has no experts (num_experts=0)");
+  TD_CHECK(size >= 1 && rank >= 0 && rank < size, "GPT.set_expert_parallel: rank ", rank, " of ",
+           size, " is not a valid expert-parallel position");
+  TD_CHECK(E % size == 0, "GPT.set_expert_parallel: num_experts ", E,
+           " is not divisible by the expert-parallel size ", size);
+  TD_CHECK(ep_size_ == 1, "GPT.set_expert_parallel: expert parallelism (ep=", ep_size_,
+           ") is already installed; build a new model to lay it out again");
+  TD_CHECK(units_ == nullptr,
+           "GPT.set_expert_parallel: install expert parallelism before the "
+           "parameters are sharded (ZeRO-3)");
+  TD_CHECK(dispatch != nullptr || size == 1, "GPT.set_expert_parallel: no dispatch for ep ", size);
+  const int64_t El = E / size;
+  autograd::NoGradGuard ng;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    Layer& l = layers_[k];
+    if (l.moe_index < 0) continue;
+    const std::string pre =
+        "h." + std::to_string(stage_.first_layer + static_cast<int64_t>(k)) + ".mlp.";
+    for (auto& [name, slot] : l.moe.slots()) {
+      if (name.rfind("experts.", 0) != 0 || !slot->defined()) continue;
+      Tensor shard = slot->narrow(0, rank * El, El).contiguous().clone();
+      shard.set_requires_grad(true);
+      *slot = shard;
+      set_parameter(pre + name, shard);
+    }
+  }
+  ep_rank_ = rank;
+  ep_size_ = size;
+  ep_dispatch_ = std::move(dispatch);
+}
+
 Tensor GPT::moe_branch(const Layer& l, const Tensor& hn, bool fuse_act, BlockAux* aux) {
-  const MoEOptions o = MoEOptions::from_config(config_, is_training(), fuse_act);
+  MoEOptions o = MoEOptions::from_config(config_, is_training(), fuse_act);
+  o.dispatch = ep_dispatch_;
   // The router runs in fp32 on the fp32 master weight, or on ZeRO-3's gathered compute-dtype
   // copy when only that holds values.
   const auto cast_to = [this](const Tensor& p, DType dt) -> Tensor {

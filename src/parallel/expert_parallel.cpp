@@ -53,4 +53,9 @@ models::MoEExpertDispatch expert_parallel_dispatch(distributed::CommPtr ep) {
   };
 }
 
+void apply_expert_parallel(models::GPT& model, const distributed::CommPtr& ep) {
+  TD_CHECK(ep != nullptr, "apply_expert_parallel: the expert-parallel communicator is null");
+  model.set_expert_parallel(ep->rank(), ep->size(), expert_parallel_dispatch(ep));
+}
+
 }  // namespace td::parallel

@@ -14,11 +14,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tardelli/autograd/engine.h"
 #include "tardelli/distributed/collectives.h"
+#include "tardelli/models/gpt.h"
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/reduction.h"
@@ -130,6 +133,63 @@ TEST(ExpertParallel, LlamaMatchesOneDevice) {
 
 TEST(ExpertParallel, Gpt2MatchesOneDevice) {
   check(/*gpt2=*/true, 2);
+}
+
+// The GPT laid out by apply_expert_parallel (ep = world): each rank feeds its own micro-batch.
+// Property: the mean of the ranks' losses is the one-device loss on all ranks' micro-batches
+// together (equal token counts); a dense parameter's or the router's gradient averaged over
+// ranks is the one-device gradient; a local expert's gradient, which collects every rank's
+// tokens, divided by ep is the one-device gradient of that expert (the loss is the mean of the
+// ranks' means). llama and gpt2, E = 4 experts (1 or 2 per rank), top-2, balancing losses off
+// (per-rank statistics); tolerances as above.
+TEST(ExpertParallel, GptMatchesOneDevice) {
+  const CommPtr ep = world();
+  const int64_t n = ep->size(), r = ep->rank();
+  for (auto arch : {models::Arch::Llama, models::Arch::GPT2}) {
+    models::GPTConfig c;
+    c.arch = arch;
+    c.vocab_size = 40;
+    c.block_size = 8;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.d_model = 16;
+    c.num_experts = 4;
+    c.moe_top_k = 2;
+    c.moe_ffn_hidden = 12;
+    c.moe_aux_loss_coeff = 0.0;
+    c.moe_z_loss_coeff = 0.0;
+    c.seed = 5;
+    const std::string tag = arch == models::Arch::Llama ? "llama: " : "gpt2: ";
+    Generator g(21);
+    const Tensor idx = randint(0, 40, {n * 2, 8}, {DType::Int64}, &g);
+    const Tensor tgt = randint(0, 40, {n * 2, 8}, {DType::Int64}, &g);
+    auto one = std::make_shared<models::GPT>(c);
+    Tensor want = one->forward(idx, tgt);
+    want.backward();
+    auto par = std::make_shared<models::GPT>(c);
+    apply_expert_parallel(*par, ep);
+    ASSERT_EQ(par->ep_size(), n);
+    Tensor loss = par->forward(idx.narrow(0, 2 * r, 2), tgt.narrow(0, 2 * r, 2));
+    loss.backward();
+    const double mean = distributed::all_reduce_copy(loss.detach(), ep).item_double() / n;
+    EXPECT_NEAR(mean, want.item_double(), 1e-6 * std::fabs(want.item_double())) << tag << "loss";
+    std::map<std::string, Tensor> ref;
+    for (auto& [name, p] : one->named_parameters()) ref[name] = p.grad();
+    const int64_t El = c.num_experts / n;
+    int64_t experts_seen = 0;
+    for (auto& [name, p] : par->named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << tag << name;
+      if (name.find(".mlp.experts.") != std::string::npos) {
+        ++experts_seen;
+        EXPECT_EQ(p.size(0), El) << tag << name;
+        expect_close(mul(p.grad(), 1.0 / n), ref.at(name).narrow(0, r * El, El), tag + name);
+      } else {
+        expect_close(mul(distributed::all_reduce_copy(p.grad(), ep), 1.0 / n), ref.at(name),
+                     tag + name);
+      }
+    }
+    EXPECT_GT(experts_seen, 0) << tag;
+  }
 }
 
 // Experts that do not split over ep are refused with the numbers, on every rank alike.

@@ -377,3 +377,37 @@ TEST(GPTMoE, BadConfigsAndUnsupportedPathsAreErrors) {
   GPT ok(free_of_aux, models::GPTStage{0, 1, true, false});
   EXPECT_EQ(ok.forward(tokens(1, 8, 61, 1)).sizes(), (Shape{1, 8, 32}));
 }
+
+// GPT::set_expert_parallel (the layout step behind parallel::apply_expert_parallel): experts that
+// do not split over ep, a dense model and a second layout are errors naming the values; a valid
+// layout keeps this rank's slice of every stacked expert weight and reports full shapes still.
+TEST(GPTMoE, ExpertParallelLayoutChecks) {
+  const GPTConfig c = small_moe(Arch::Llama);
+  const models::MoEExpertDispatch pass = [](const Tensor& rows, const std::vector<int64_t>&,
+                                            const models::MoELocalExperts&) { return rows; };
+  auto m = std::make_shared<GPT>(c);
+  const int64_t E = c.num_experts;
+  EXPECT_NE(error_of([&] { m->set_expert_parallel(0, E + 1, pass); })
+                .find("num_experts " + std::to_string(E) +
+                      " is not divisible by the "
+                      "expert-parallel size " +
+                      std::to_string(E + 1)),
+            std::string::npos);
+  auto dense = std::make_shared<GPT>(small(Arch::Llama));
+  EXPECT_NE(error_of([&] { dense->set_expert_parallel(0, 2, pass); }).find("has no experts"),
+            std::string::npos);
+  std::map<std::string, Tensor> before;
+  for (auto& [name, p] : m->named_parameters()) before[name] = p.clone();
+  m->set_expert_parallel(1, 2, pass);  // E = 4: experts 2 and 3
+  for (auto& [name, p] : m->named_parameters()) {
+    if (name.find(".mlp.experts.") == std::string::npos) {
+      EXPECT_EQ(p.sizes(), before[name].sizes()) << name;
+      continue;
+    }
+    EXPECT_EQ(p.size(0), E / 2) << name;
+    EXPECT_EQ(m->full_shape(name), before[name].sizes()) << name;
+    EXPECT_EQ(to_vector<float>(p), to_vector<float>(before[name].narrow(0, E / 2, E / 2))) << name;
+  }
+  EXPECT_NE(error_of([&] { m->set_expert_parallel(0, 2, pass); }).find("already installed"),
+            std::string::npos);
+}

@@ -50,8 +50,8 @@
 #include "tardelli/models/gpt_config.h"
 #include "tardelli/models/gpt_parallelism.h"
 #include "tardelli/models/moe_mlp.h"
-#include "tardelli/models/recompute.h"
 #include "tardelli/models/param_units.h"
+#include "tardelli/models/recompute.h"
 #include "tardelli/nn/module.h"
 #include "tardelli/nn/shard_spec.h"
 
@@ -138,6 +138,13 @@ class GPT : public nn::Module {
   // data-parallel trainer can sum them over its ranks before update_moe_router_bias(), which
   // keeps the replicas' biases equal.
   std::vector<std::vector<int64_t>>& moe_router_load() { return moe_load_; }
+  // Expert parallelism (parallel/expert_parallel.h: apply_expert_parallel installs it): keeps
+  // only experts [rank E/size, (rank+1) E/size) of every MoE layer (the stacked experts.*
+  // weights sliced along dim 0; full_shape() still gives the whole tensors) and runs the experts
+  // through `dispatch` (Note [Expert dispatch]). Before ZeRO-3 sharding; once per model.
+  void set_expert_parallel(int64_t rank, int64_t size, MoEExpertDispatch dispatch);
+  int64_t ep_size() const { return ep_size_; }
+  int64_t ep_rank() const { return ep_rank_; }
 
   // The stream dropout draws from (seeded from config.seed). Part of the training state: a
   // checkpoint saves its (seed, offset, subsequence) so a resumed run drops the same units.
@@ -233,10 +240,12 @@ class GPT : public nn::Module {
 
   std::shared_ptr<GPTParallelism> parallel_;  // null: one device
   RecomputeOptions recompute_;
-  std::shared_ptr<ParamUnits> units_;         // null: parameters always full
+  std::shared_ptr<ParamUnits> units_;  // null: parameters always full
   int64_t first_unit_ = 0;
   std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
   MoEStats moe_stats_;
+  int64_t ep_rank_ = 0, ep_size_ = 1;  // expert parallelism (set_expert_parallel)
+  MoEExpertDispatch ep_dispatch_;
   std::vector<std::vector<int64_t>> moe_load_;  // Note [MoE router bias]
   std::vector<Tensor> moe_losses_;              // the MoE loss terms of the running forward
 };

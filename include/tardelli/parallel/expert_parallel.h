@@ -17,6 +17,7 @@
 // experts' gradients from every rank's tokens routed to them (reduced over the expert-data-
 // parallel group only: ProcessGrid "edp").
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/models/gpt.h"
 #include "tardelli/models/moe_mlp.h"
 
 namespace td::parallel {
@@ -25,5 +26,13 @@ namespace td::parallel {
 // The layer's rows_per_expert must have E entries with E divisible by ep->size(); td::Error
 // naming E, ep and the rank otherwise.
 models::MoEExpertDispatch expert_parallel_dispatch(distributed::CommPtr ep);
+
+// Lays the GPT's experts out over `ep` (GPT::set_expert_parallel with the dispatch above): each
+// rank keeps num_experts / ep of every MoE layer's experts. The dense parameters and the router
+// stay whole. Gradients: the local experts' accumulate the contributions of every ep rank's
+// tokens (sum over the ep group's losses); a trainer averaging the dense gradients over dp x ep
+// divides the expert ones by the same dp x ep size but reduces them over the expert-data-
+// parallel group only (Note [Expert layout] in distributed/process_grid.h).
+void apply_expert_parallel(models::GPT& model, const distributed::CommPtr& ep);
 
 }  // namespace td::parallel
