@@ -441,6 +441,16 @@ def train(cfg, world=None, out=print):
                                  resume_step=start_step if cfg.resume else None)
     progress = report.Progress(cfg.steps, start_step, cfg.progress and is_main)
     params = [p for _, p in named]
+
+    def grad_norm_clipped(max_norm):
+        """The global gradient norm (over every rank's shard or model-parallel part); the
+        gradients are clipped to max_norm first when it is finite (inf: only measured)."""
+        if cfg.zero:
+            return opt.clip_grad_norm(max_norm) if math.isfinite(max_norm) else opt.grad_norm()
+        if mp_group is not None:
+            return tp_clip_grad_norm_(chunks, max_norm, mp_group)
+        return td.nn.utils.clip_grad_norm_(params, max_norm).item()
+
     last, val_loss, t_train = None, None, 0.0
     peak_rank = peak_max_rank = 0  # allocator peaks over the steps: rank 0's, every rank's
     step = start_step
@@ -487,12 +497,7 @@ def train(cfg, world=None, out=print):
             if scaler is not None:
                 # The norm of the scaled gradients decides the overflow on every rank alike;
                 # then one multiply unscales and clips (optim::unscale_clip_factor).
-                if cfg.zero:
-                    scaled_norm = opt.grad_norm()
-                elif mp_group is not None:
-                    scaled_norm = tp_clip_grad_norm_(chunks, math.inf, mp_group)
-                else:
-                    scaled_norm = td.nn.utils.clip_grad_norm_(params, math.inf).item()
+                scaled_norm = grad_norm_clipped(math.inf)
                 applied = scaler.update(not math.isfinite(scaled_norm))
                 grad_norm = scaled_norm
                 if applied:
@@ -505,13 +510,8 @@ def train(cfg, world=None, out=print):
                             for p in params:
                                 if p.grad is not None:
                                     p.grad.mul_(factor)
-            elif cfg.zero:
-                grad_norm = opt.clip_grad_norm(max_norm) if cfg.clip_grad > 0 else \
-                    opt.grad_norm()
-            elif mp_group is not None:
-                grad_norm = tp_clip_grad_norm_(chunks, max_norm, mp_group)
             else:
-                grad_norm = td.nn.utils.clip_grad_norm_(params, max_norm).item()
+                grad_norm = grad_norm_clipped(max_norm)
             if applied:
                 opt.step()
                 if moe and mcfg.moe_router_bias_update_rate > 0:
