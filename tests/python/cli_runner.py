@@ -1,5 +1,6 @@
 """Running `python -m ...` (through the launcher for several ranks) from the multi-rank CLI tests
-(test_gpt_tensor_parallel.py, test_pipeline_parallel.py)."""
+(test_gpt_tensor_parallel.py, test_pipeline_parallel.py, test_train_distributed.py,
+test_train_zero.py, test_train_moe.py, test_train_recompute.py)."""
 import json
 import os
 import subprocess

@@ -2,18 +2,14 @@
 DP=2 and DP=4, with and without ZeRO-1, against one process with the same global batch;
 ZeRO-1 optimizer memory per rank; exact resume of a sharded run; rank-0-only output."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tardelli as td
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TD_COMM_TIMEOUT_S="60")
+from cli_runner import run
+
 # 8 samples per step: 1 rank x 8, 2 ranks x 4, 4 ranks x 2 (and x 1 with 2 micro-batches).
 BASE = ["--synthetic-data", "--vocab-size", "128", "--layers", "2", "--d-model", "64",
         "--heads", "2", "--seq-len", "32", "--global-batch-size", "8", "--steps", "4",
@@ -25,12 +21,7 @@ pytestmark = pytest.mark.skipif(not td.distributed.mpi_available(),
 
 
 def train(nproc, *args):
-    prefix = [sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc),
-              "--max-time", "300"] if nproc > 1 else [sys.executable]
-    p = subprocess.run(prefix + ["-m", "tardelli.train", *BASE, *args], env=ENV,
-                       capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p.stdout
+    return run(nproc, "tardelli.train", *BASE, *args, timeout=400).stdout
 
 
 def losses(path):
@@ -89,10 +80,8 @@ def test_zero1_resume_is_exact(tmp_path):
         "optimizer.rank00000.safetensors", "optimizer.rank00001.safetensors"]
     train(2, *args, "--metrics-file", str(part), "--save", str(save), "--resume")
     assert losses(part) == losses(full)
-    p = subprocess.run([sys.executable, "-m", "tardelli.launch", "--nproc", "4", "--max-time",
-                        "120", "-m", "tardelli.train", *BASE, "--micro-batch-size", "2",
-                        "--zero", "1", "--save", str(save), "--resume"], env=ENV,
-                       capture_output=True, text=True, timeout=200)
+    p = run(4, "tardelli.train", *BASE, "--micro-batch-size", "2", "--zero", "1", "--save", save,
+            "--resume", check=False, timeout=200)
     assert p.returncode != 0
     assert "ZeRO-1 optimizer shards of 2 ranks but this run has 4" in p.stderr
 

@@ -3,9 +3,6 @@ the CLI's MoE flags and their validation, the per-step MoE metrics, data paralle
 2 and 3) against one process with the same micro-batches, the router-bias update summed over dp
 ranks, and exact resume with the expert biases in the checkpoint."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +11,8 @@ import pytest
 import tardelli as td
 from tardelli.train import config as C
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TD_COMM_TIMEOUT_S="60")
+from cli_runner import run
+
 # 8 samples per step in micro-batches of 4: one rank accumulates 2, two ranks take one each, so
 # every forward (and its auxiliary losses and capacity) sees the same tokens in both layouts.
 BASE = ["--synthetic-data", "--vocab-size", "256", "--layers", "2", "--d-model", "64",
@@ -29,11 +26,7 @@ BIAS = "h.0.mlp.router.expert_bias"
 
 
 def train(nproc, *args):
-    prefix = [sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc),
-              "--max-time", "300"] if nproc > 1 else [sys.executable]
-    p = subprocess.run(prefix + ["-m", "tardelli.train", *BASE, *args], env=ENV,
-                       capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+    p = run(nproc, "tardelli.train", *BASE, *args, timeout=400)
     return json.loads([x for x in p.stdout.splitlines() if '"train_end"' in x][-1])
 
 
@@ -156,11 +149,8 @@ def corpus(tmp_path_factory):
     docs = [" ".join(f"{subj[rng.integers(5)]} {verb[rng.integers(5)]} {obj[rng.integers(4)]}."
                      for _ in range(rng.integers(2, 6))) for _ in range(300)]
     (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    p = subprocess.run([sys.executable, "-m", "tardelli.data.preprocess", "--input",
-                        str(d / "corpus.txt"), "--output-prefix", str(d / "corpus"),
-                        "--vocab-size", "300"], env=ENV, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr
+    run(1, "tardelli.data.preprocess", "--input", d / "corpus.txt", "--output-prefix",
+        d / "corpus", "--vocab-size", "300", timeout=300)
     return str(d / "corpus")
 
 

@@ -2,10 +2,6 @@
 `python -m tardelli.launch --nproc N`: losses against one process with the same global batch,
 exact resume, per-rank peak memory against the model's sizes, and bad combinations refused."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +9,8 @@ import pytest
 import tardelli as td
 from tardelli.train import ConfigError, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TD_COMM_TIMEOUT_S="60")
+from cli_runner import run
+
 # 8 samples per step; with --micro-batch-size m and N ranks every step accumulates
 # 8 / (m N) micro-batches. gpt2: its tied head re-gathers the table under ZeRO-3, and under
 # pp the two copies of the table sum their gradient shards.
@@ -28,13 +24,7 @@ pytestmark = pytest.mark.skipif(not td.distributed.mpi_available(),
 
 
 def train(nproc, *args, check=True):
-    prefix = [sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc),
-              "--max-time", "300"] if nproc > 1 else [sys.executable]
-    p = subprocess.run(prefix + ["-m", "tardelli.train", *BASE, *args], env=ENV,
-                       capture_output=True, text=True, timeout=400)
-    if check:
-        assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
+    return run(nproc, "tardelli.train", *BASE, *args, check=check, timeout=400)
 
 
 def summary(p):
