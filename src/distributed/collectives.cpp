@@ -234,9 +234,7 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
   int64_t total = 0;
   for (size_t j = 0; j < n; ++j) {
     TD_CHECK(send_rows[j] >= 0 && recv_rows[j] >= 0,
-             "all_to_all_rows: negative row count "
-             "for rank ",
-             j, " (rank ", comm->rank(), ")");
+             "all_to_all_rows: negative row count for rank ", j, " (rank ", comm->rank(), ")");
     total += send_rows[j];
   }
   TD_CHECK(total == x.size(0), "all_to_all_rows: the send counts add up to ", total,
@@ -245,8 +243,8 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& send_rows,
   Tensor out = rows_exchange(x, send_rows, recv_rows, comm);
   if (needs_grad({x})) {
     record("AllToAllRowsBackward", {x}, {&out},
-           [comm, send_rows, recv_rows, shape = x.sizes(), oshape = out.sizes(), dt = x.dtype(),
-            dev = x.device()](const TensorList& g, const auto&) {
+           [comm, send_rows, recv_rows, oshape = out.sizes(), dt = x.dtype(), dev = x.device()](
+               const TensorList& g, const auto&) {
              Tensor go = grad_or_zeros(g[0], oshape, dt, dev);
              return TensorList{rows_exchange(go, recv_rows, send_rows, comm)};
            });

@@ -1,6 +1,6 @@
 #include "tardelli/parallel/expert_parallel.h"
 
-#include <numeric>
+#include <vector>
 
 #include "tardelli/distributed/collectives.h"
 #include "tardelli/ops/factory.h"
@@ -29,16 +29,16 @@ models::MoEExpertDispatch expert_parallel_dispatch(distributed::CommPtr ep) {
     }
     const Tensor got = distributed::all_to_all_rows(rows, send, recv, ep);
     // got: source-major, local-expert order inside each source. Regroup local-expert-major.
-    std::vector<int64_t> start(static_cast<size_t>(n), 0);  // each source's first row in got
-    for (int64_t j = 1; j < n; ++j) start[j] = start[j - 1] + recv[j - 1];
+    // at[j]: source j's next row in got (its block starts after the blocks of sources < j, and
+    // within it local expert l's rows follow expert l-1's).
+    std::vector<int64_t> at(static_cast<size_t>(n), 0);
+    for (int64_t j = 1; j < n; ++j) at[j] = at[j - 1] + recv[j - 1];
     std::vector<int64_t> order, sizes(static_cast<size_t>(El), 0);
     order.reserve(static_cast<size_t>(got.size(0)));
     for (int64_t l = 0; l < El; ++l) {
       for (int64_t j = 0; j < n; ++j) {
-        int64_t at = start[j];
-        for (int64_t m = 0; m < l; ++m) at += all[j][static_cast<size_t>(r * El + m)];
         const int64_t count = all[j][static_cast<size_t>(r * El + l)];
-        for (int64_t i = 0; i < count; ++i) order.push_back(at + i);
+        for (int64_t i = 0; i < count; ++i) order.push_back(at[j]++);
         sizes[l] += count;
       }
     }

@@ -23,10 +23,9 @@
 // [i * n, (i + 1) * n)); gathering along dim d > 0 receives [size, ...shape] and moves the
 // rank axis next to d with one copy, and reduce-scatter along d does the inverse before sending.
 #include <cstdint>
-
 #include <vector>
-#include "tardelli/core/tensor.h"
 
+#include "tardelli/core/tensor.h"
 #include "tardelli/distributed/communicator.h"
 
 namespace td::distributed {
