@@ -287,16 +287,17 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
            vpad, " must be >= vocab_size ", config_.vocab_size, " and divisible by tp ", tp);
   parallel_ = std::move(p);
   autograd::NoGradGuard ng;
-  for (auto& [name, slot] : slots()) {
-    Tensor shard = shard_spec(name).take(*slot);
-    shard.set_requires_grad(true);
-    *slot = shard;
-    set_parameter(name, shard);
-  }
+  for (auto& [name, slot] : slots()) replace_parameter(name, slot, shard_spec(name).take(*slot));
   if (config_.arch == Arch::GPT2 && stage_.post) {
     lm_head_ = wte_;  // still tied: the head uses the same (sharded) table
     set_parameter("lm_head.weight", wte_);
   }
+}
+
+void GPT::replace_parameter(const std::string& name, Tensor* slot, Tensor value) {
+  value.set_requires_grad(true);
+  *slot = value;
+  set_parameter(name, value);
 }
 
 Tensor GPT::cast(const Tensor& p) const {
@@ -477,18 +478,9 @@ void GPT::set_expert_parallel(int64_t rank, int64_t size, MoEExpertDispatch disp
   TD_CHECK(dispatch != nullptr || size == 1, "GPT.set_expert_parallel: no dispatch for ep ", size);
   const int64_t El = E / size;
   autograd::NoGradGuard ng;
-  for (size_t k = 0; k < layers_.size(); ++k) {
-    Layer& l = layers_[k];
-    if (l.moe_index < 0) continue;
-    const std::string pre =
-        "h." + std::to_string(stage_.first_layer + static_cast<int64_t>(k)) + ".mlp.";
-    for (auto& [name, slot] : l.moe.slots()) {
-      if (name.rfind("experts.", 0) != 0 || !slot->defined()) continue;
-      Tensor shard = slot->narrow(0, rank * El, El).contiguous().clone();
-      shard.set_requires_grad(true);
-      *slot = shard;
-      set_parameter(pre + name, shard);
-    }
+  for (auto& [name, slot] : slots()) {
+    if (name.find(".mlp.experts.") == std::string::npos) continue;
+    replace_parameter(name, slot, slot->narrow(0, rank * El, El).contiguous().clone());
   }
   ep_rank_ = rank;
   ep_size_ = size;

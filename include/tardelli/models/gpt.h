@@ -227,6 +227,8 @@ class GPT : public nn::Module {
              std::optional<MlpActivation> act = std::nullopt) const;
   // Every parameter slot with its full name (the tied gpt2 head excluded).
   std::vector<std::pair<std::string, Tensor*>> slots();
+  // Makes `value` (a new leaf) the parameter `name` held in `slot` (a layout step's shard).
+  void replace_parameter(const std::string& name, Tensor* slot, Tensor value);
 
   GPTConfig config_;
   GPTStage stage_;
