@@ -190,13 +190,9 @@ void DistributedOptimizer::step() {
   // between steps).
   const auto& buckets = ddp_.buckets();
   const auto& params = ddp_.params();
-  const int64_t r = ddp_.comm()->rank();
-  for (const auto& pc : pieces_) {
-    if (!options_.param_shards.empty() && alias_) break;  // updated in place (ZeRO-3)
-    const int64_t lo = r * buckets[pc.bucket].shard_numel;
-    copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
-  }
-  if (!options_.param_shards.empty()) {  // ZeRO-3: gathered when next used
+  const bool zero3 = !options_.param_shards.empty();
+  if (!(zero3 && alias_)) copy_masters_to_shards();  // else updated in place
+  if (zero3) {                                       // gathered when next used
     if (options_.param_shards_written) options_.param_shards_written();
     return;
   }
@@ -364,10 +360,10 @@ void DistributedOptimizer::load_named_state(const std::map<std::string, Tensor>&
 void DistributedOptimizer::sync_master_from_params() {
   autograd::NoGradGuard no_grad;
   const auto& params = ddp_.params();
+  if (alias_) return;  // the masters are the parameters (or their shards)
   const auto& buckets = ddp_.buckets();
   const int64_t r = ddp_.comm()->rank();
   for (auto& pc : pieces_) {
-    if (alias_) break;  // the masters are the parameters (or their shards)
     if (!options_.param_shards.empty()) {
       const int64_t lo = r * buckets[pc.bucket].shard_numel;
       copy_into(pc.master, shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel));
@@ -381,14 +377,17 @@ void DistributedOptimizer::write_masters_to_param_shards() {
   TD_CHECK(!options_.param_shards.empty(),
            "DistributedOptimizer.write_masters_to_param_shards: only under ZeRO-3");
   autograd::NoGradGuard no_grad;
+  if (!alias_) copy_masters_to_shards();  // else loaded in place
+  if (options_.param_shards_written) options_.param_shards_written();
+}
+
+void DistributedOptimizer::copy_masters_to_shards() {
   const auto& buckets = ddp_.buckets();
   const int64_t r = ddp_.comm()->rank();
   for (const auto& pc : pieces_) {
-    if (alias_) break;  // loaded in place
     const int64_t lo = r * buckets[pc.bucket].shard_numel;
     copy_into(shard_in_[pc.bucket].narrow(0, pc.bucket_offset - lo, pc.numel), pc.master);
   }
-  if (options_.param_shards_written) options_.param_shards_written();
 }
 
 }  // namespace td::distributed

@@ -132,6 +132,8 @@ class DistributedOptimizer {
 
  private:
   double local_sum_of_squares() const;
+  // Each piece's master into its place in shard_in_ (the shard the parameters are gathered from).
+  void copy_masters_to_shards();
 
   DistributedDataParallel& ddp_;
   ShardedOptimizerOptions options_;
