@@ -11,18 +11,13 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_util.h"
 #include "tardelli/tardelli.h"
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using td::bench::median;
+using td::bench::now;
 
 }  // namespace
 

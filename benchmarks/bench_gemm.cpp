@@ -14,18 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "tardelli/tardelli.h"
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using td::bench::median;
+using td::bench::now;
 
 // Median seconds of `runs` timed calls of f and of g after `warmup` untimed ones each. The
 // calls alternate (f, g, f, g, ...) so that load from other processes hits both alike.

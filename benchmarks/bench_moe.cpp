@@ -17,19 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "tardelli/models/moe_mlp.h"
 #include "tardelli/tardelli.h"
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using td::bench::median;
+using td::bench::now;
 
 td::Tensor param(const td::Shape& shape, double std, td::Generator& g) {
   return td::mul(td::randn(shape, {}, &g), std).set_requires_grad(true);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/tardelli.h"
 
@@ -28,9 +29,7 @@ namespace dist = td::distributed;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using td::bench::now;
 
 // Mean seconds per call of f over the slowest rank, after a warmup; iterations adapt to size so
 // that each measurement lasts about 0.1-0.2 s.
