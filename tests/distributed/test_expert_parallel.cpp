@@ -27,37 +27,22 @@
 #include "tardelli/ops/reduction.h"
 #include "tardelli/parallel/expert_parallel.h"
 
+#include "distributed/parallel_test_util.h"
+#include "test_util.h"
+
 namespace td::parallel {
 namespace {
 
 using distributed::CommPtr;
+using parallel_test::leaf;
 
 CommPtr world() {
   static CommPtr w = distributed::mpi_world();
   return w;
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = to_vector<float>(a.contiguous()),
-                           y = to_vector<float>(b.contiguous());
-  double worst = 0.0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(double(x[i]) - y[i]));
-  return worst;
-}
-
-double max_abs(const Tensor& a) {
-  double m = 0.0;
-  for (float v : to_vector<float>(a.contiguous())) m = std::max(m, std::fabs(double(v)));
-  return m;
-}
-
-Tensor leaf(const Tensor& t) {
-  return t.detach().clone().set_requires_grad(true);
-}
-
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  EXPECT_LE(max_abs_diff(got, want), 1e-5 * std::max(1.0, max_abs(want))) << what;
+  parallel_test::expect_close(got.contiguous(), want.contiguous(), 1e-5, what);
 }
 
 void check(bool gpt2, int64_t top_k) {
@@ -200,16 +185,13 @@ TEST(ExpertParallel, UnevenExpertsRaise) {
   std::vector<int64_t> per_expert(static_cast<size_t>(E), 0);
   per_expert[0] = 2;
   const Tensor rows = zeros({2, 4});
-  try {
+  const std::string msg = td::test::error_of([&] {
     dispatch(rows, per_expert, [](const Tensor& t, const std::vector<int64_t>&) { return t; });
-    ADD_FAILURE() << "expected td::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(std::to_string(E) + " experts do not split evenly over ep " +
-                       std::to_string(ep->size())),
-              std::string::npos)
-        << msg;
-  }
+  });
+  EXPECT_NE(msg.find(std::to_string(E) + " experts do not split evenly over ep " +
+                     std::to_string(ep->size())),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace
