@@ -41,15 +41,22 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       "(include/tardelli/distributed/data_parallel.h)")
       .def(py::init([](const nn::NamedTensors& params, distributed::CommPtr comm,
                        int64_t bucket_bytes, bool overlap, bool reduce_scatter, bool average,
-                       bool shard_grads, std::vector<std::string> own_bucket) {
-             return std::make_shared<DistributedDataParallel>(
-                 params, std::move(comm),
-                 DDPOptions{bucket_bytes, overlap, reduce_scatter, average, shard_grads,
-                            std::move(own_bucket)});
+                       bool shard_grads, std::vector<std::string> own_bucket, double grad_scale) {
+             DDPOptions o;
+             o.bucket_bytes = bucket_bytes;
+             o.overlap = overlap;
+             o.reduce_scatter = reduce_scatter;
+             o.average = average;
+             o.grad_scale = grad_scale;
+             o.shard_grads = shard_grads;
+             o.own_bucket = std::move(own_bucket);
+             return std::make_shared<DistributedDataParallel>(params, std::move(comm),
+                                                              std::move(o));
            }),
            "named_params"_a, "comm"_a, "bucket_bytes"_a = DDPOptions{}.bucket_bytes,
            "overlap"_a = true, "reduce_scatter"_a = false, "average"_a = true,
-           "shard_grads"_a = false, "own_bucket"_a = std::vector<std::string>{}, nogil())
+           "shard_grads"_a = false, "own_bucket"_a = std::vector<std::string>{},
+           "grad_scale"_a = 1.0, nogil())
       .def("set_last_microbatch", &DistributedDataParallel::set_last_microbatch, "last"_a)
       .def("is_last_microbatch", &DistributedDataParallel::is_last_microbatch)
       .def("set_overlap", &DistributedDataParallel::set_overlap, "overlap"_a)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
@@ -47,7 +48,7 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> pending;  // per bucket: parameters not ready yet
   std::vector<char> bucket_ready;
   std::vector<WorkPtr> work;
-  std::vector<char> touched;  // ZeRO-2: a gradient arrived since the bucket's last launch
+  std::vector<char> touched;    // ZeRO-2: a gradient arrived since the bucket's last launch
   std::deque<size_t> inflight;  // ZeRO-2: launched, not drained, oldest first
   static constexpr size_t kMaxInFlight = 2;
   size_t next_launch = 0;  // buckets launch strictly in order (Note [Bucket launch order])
@@ -103,6 +104,10 @@ struct DistributedDataParallel::State {
       rs_out[b] = Tensor::empty({bk.shard_numel}, DType::Float32, bk.buffer.device());
       bk.buffer.storage().materialize();  // a bucket with no gradient since its last launch
       if (!touched[b]) bk.buffer.zero_();
+    }
+    if (opt.grad_scale != 1.0) {
+      autograd::NoGradGuard no_grad;
+      mul_(bk.buffer, opt.grad_scale);
     }
     if (opt.reduce_scatter) {
       work[b] = comm->reduce_scatter(rs_out[b], bk.buffer, op(), /*async_op=*/true);
@@ -223,6 +228,8 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
   TD_CHECK(options.bucket_bytes > 0, "DistributedDataParallel: bucket_bytes must be > 0, got ",
            options.bucket_bytes);
   TD_CHECK(!params.empty(), "DistributedDataParallel: no parameters");
+  TD_CHECK(std::isfinite(options.grad_scale) && options.grad_scale > 0,
+           "DistributedDataParallel: grad_scale must be finite and > 0, got ", options.grad_scale);
   s.comm = std::move(dp);
   s.opt = options;
   const int64_t world = s.comm->size();
@@ -251,8 +258,10 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
     for (const auto& g : s.opt.buckets) {
       TD_CHECK(!g.empty(), "DistributedDataParallel: an explicit bucket is empty");
       for (size_t k : g) {
-        TD_CHECK(k < s.params.size() && !seen[k], "DistributedDataParallel: explicit buckets "
-                 "must name each of the ", s.params.size(), " parameters once; bad index ", k);
+        TD_CHECK(k < s.params.size() && !seen[k],
+                 "DistributedDataParallel: explicit buckets "
+                 "must name each of the ",
+                 s.params.size(), " parameters once; bad index ", k);
         seen[k] = 1;
       }
     }
@@ -379,8 +388,7 @@ void DistributedDataParallel::finish_grad_sync() {
     s.next_launch = 0;
     auto t0 = std::chrono::steady_clock::now();
     for (size_t b = 0; b < nb; ++b) s.drain(b);
-    s.wait_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.synced = true;
     return;
   }

@@ -5,6 +5,9 @@
 // Note [DP tolerance] in data_parallel_test_util.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "data_parallel_test_util.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/distributed/data_parallel.h"
@@ -203,6 +206,53 @@ TEST(DDP, ZeroGradKeepsViewsAndRepeats) {
   }
   ddp.finish_grad_sync();  // nothing new: reduces the already averaged gradient again
   expect_close(ddp.params()[0].param.grad(), ref[0].second, "after a repeated sync");
+}
+
+// Property: grad_scale multiplies the local gradients before the reduction, so the result is
+// the average times the scale (all_reduce and ZeRO-1 shards alike; 0.5 is exact in binary, so
+// the tolerance is the plain DDP one); a non-positive or non-finite scale is refused.
+TEST(DDP, GradScaleScalesTheAverage) {
+  CommPtr comm = world();
+  const int r = comm->rank();
+  Batch global = global_batch(kRowsPerRank * comm->size(), 5);
+  nn::NamedTensors ref = reference_grads(global);
+  Batch local = global.rows(r * kRowsPerRank, kRowsPerRank);
+  for (bool rs : {false, true}) {
+    auto model = tiny_gpt();
+    DDPOptions o{8192, true, rs, true};
+    o.grad_scale = 0.5;
+    DistributedDataParallel ddp(model->named_parameters(), comm, o);
+    model->forward(local.idx, local.targets).backward();
+    ddp.finish_grad_sync();
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const BucketParam& bp = ddp.params()[i];
+      Tensor want = mul(ref[i].second, 0.5).reshape({-1});
+      if (!rs) {
+        expect_close(bp.param.grad(), mul(ref[i].second, 0.5), bp.name);
+        continue;
+      }
+      // ZeRO-1: only this rank's shard of the bucket holds the result.
+      const Bucket& bk = ddp.buckets()[bp.bucket];
+      const int64_t lo = std::max<int64_t>(bp.offset, r * bk.shard_numel);
+      const int64_t hi = std::min<int64_t>(bp.offset + bp.numel, (r + 1) * bk.shard_numel);
+      if (lo >= hi) continue;
+      expect_close(bk.buffer.narrow(0, lo, hi - lo), want.narrow(0, lo - bp.offset, hi - lo),
+                   bp.name + " shard");
+    }
+  }
+  Tensor a = zeros({3});
+  a.set_requires_grad(true);
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    DDPOptions o;
+    o.grad_scale = bad;
+    try {
+      DistributedDataParallel ddp({{"a", a}}, comm, o);
+      FAIL() << "grad_scale " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("grad_scale must be finite and > 0"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // Property: a gradient replaced behind the DDP's back (set to None, as torch's

@@ -65,6 +65,12 @@ struct DDPOptions {
   // Explicit buckets (ZeRO-3 units): indices into the parameter list, each parameter exactly
   // once; overrides bucket_bytes and own_bucket. Launch order is this order.
   std::vector<std::vector<size_t>> buckets = {};
+  // Multiplies this rank's accumulated gradients just before the reduction (Megatron's
+  // gradient_scaling_factor). Expert parallelism: the experts' DDP averages over the expert-
+  // data-parallel group with 1 / ep, so that dense and expert gradients are both the mean over
+  // all dp x ep ranks' tokens (Note [Expert gradients] in
+  // python/tardelli/distributed/expert_parallel.py).
+  double grad_scale = 1.0;
 };
 
 // Where one parameter lives in the buckets.

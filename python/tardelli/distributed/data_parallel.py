@@ -60,12 +60,13 @@ class DistributedDataParallel:
 
     module_or_params: a td.nn.Module (e.g. td.models.GPT), a dict name -> parameter or a list
     of (name, parameter) pairs, in registration order (the same on every rank). zero=True
-    selects ZeRO-1 (reduce-scatter; use DistributedOptimizer). Calling the wrapper calls the
-    module.
+    selects ZeRO-1 (reduce-scatter; use DistributedOptimizer). grad_scale multiplies the local
+    gradients before the reduction (expert parameters under expert parallelism: 1 / ep over the
+    expert-data-parallel group). Calling the wrapper calls the module.
     """
 
     def __init__(self, module_or_params, group=None, bucket_mb=40, zero=False, overlap=True,
-                 average=True, own_bucket=()):
+                 average=True, own_bucket=(), grad_scale=1.0):
         if bucket_mb <= 0:
             raise _C.TardelliError(f"DistributedDataParallel: bucket_mb must be > 0, got {bucket_mb}")
         stage = int(zero)
@@ -79,7 +80,8 @@ class DistributedDataParallel:
         self.param_names = [n for n, _ in named]  # DDP order (the C++ params() order)
         self._cpp = _D.DistributedDataParallel(
             named, self.group, max(1, int(round(bucket_mb * 1e6))),
-            bool(overlap), stage >= 1, bool(average), stage == 2, list(own_bucket))
+            bool(overlap), stage >= 1, bool(average), stage == 2, list(own_bucket),
+            float(grad_scale))
 
     @classmethod
     def _from_cpp(cls, cpp, names, group, zero, module=None):
