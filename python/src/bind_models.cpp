@@ -163,6 +163,14 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
       .def("named_buffers", [](const GPT& g) { return named_list(g.named_buffers()); })
       .def("moe_stats", [](const GPT& g) { return moe_stats_dict(g.moe_stats()); })
       .def("reset_moe_stats", &GPT::reset_moe_stats)
+      .def("take_moe_loss",
+           [](GPT& g) -> std::optional<Tensor> {
+             Tensor t = g.take_moe_loss();
+             if (!t.defined()) return std::nullopt;
+             return t;
+           })
+      .def_property_readonly("ep_size", &GPT::ep_size)
+      .def_property_readonly("ep_rank", &GPT::ep_rank)
       .def("update_moe_router_bias", &GPT::update_moe_router_bias, nogil())
       .def_property(
           "moe_router_load", [](GPT& g) { return g.moe_router_load(); },

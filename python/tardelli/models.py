@@ -168,6 +168,16 @@ class GPT(nn.Module):
         return self._cpp.sequence_parallel
 
     @property
+    def ep_size(self):
+        """The expert-parallel degree (1: every rank holds every expert)."""
+        return self._cpp.ep_size
+
+    @property
+    def ep_rank(self):
+        """This rank's place in the ep group: it holds experts [ep_rank E/ep, (ep_rank+1) E/ep)."""
+        return self._cpp.ep_rank
+
+    @property
     def split_generator(self):
         """The per-tp-rank dropout stream of sequence-parallel regions (None without a layout)."""
         return self._cpp.split_generator
@@ -259,6 +269,13 @@ class GPT(nn.Module):
         expert / per expert)) and the means over layers and forwards: aux_loss, z_loss, dropped
         (summed), max_load_ratio (max over layers of max_load / mean_load; 1: balanced)."""
         return self._cpp.moe_stats()
+
+    def take_moe_loss(self):
+        """A pipeline stage without the head: the summed MoE loss terms of its last training
+        forward (a scalar to backpropagate with the stage's output, with the seed the loss gets),
+        then forgotten; None when there are none (Note [MoE losses of a pipeline stage] in
+        src/models/gpt.cpp)."""
+        return self._cpp.take_moe_loss()
 
     def reset_moe_stats(self):
         """Clears the statistics and the router loads pending for update_moe_router_bias()."""

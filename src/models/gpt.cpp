@@ -271,10 +271,17 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
            ") is already installed; build a new model to lay it out again");
   const int tp = p->tp_size();
   TD_CHECK(tp >= 1, "GPT.set_parallelism: tp size ", tp, " must be >= 1");
-  TD_CHECK(config_.num_experts == 0 || (tp == 1 && p->cp_size() == 1),
+  // Note [MoE under tensor parallelism]: the MoE layers are not split over tp. Without sequence
+  // parallelism every tp rank holds the whole hidden states after attention, so each runs the
+  // router and its experts on the same tokens (replicated parameters with equal gradients, like
+  // the norms; the input gradient is whole, no tp reduction). With sequence parallelism or
+  // context parallelism the ranks hold different tokens, and the router statistics and expert
+  // gradients would need a tp (cp) reduction that is not written yet.
+  TD_CHECK(config_.num_experts == 0 || (!p->sequence_parallel() && p->cp_size() == 1),
            "GPT.set_parallelism: mixture-of-experts models (num_experts=", config_.num_experts,
-           ") do not support tensor or context parallelism yet (tp=", tp, ", cp=", p->cp_size(),
-           ")");
+           ") support tensor parallelism without sequence parallelism only, and no context "
+           "parallelism yet (tp=",
+           tp, ", sequence_parallel=", p->sequence_parallel(), ", cp=", p->cp_size(), ")");
   TD_CHECK(config_.n_head % tp == 0, "GPT.set_parallelism: n_head ", config_.n_head,
            " is not divisible by the tensor-parallel size ", tp, " (attention splits heads)");
   TD_CHECK(config_.kv_heads() % tp == 0, "GPT.set_parallelism: n_kv_head ", config_.kv_heads(),
@@ -534,6 +541,35 @@ void GPT::update_moe_router_bias() {
   }
 }
 
+// Note [MoE losses of a pipeline stage]: a stage without the head cannot add its MoE layers'
+// loss terms to the loss, so it keeps their sum for the pipeline runtime, which backpropagates
+// it together with the stage's output (backward([h, terms], [dh, seed])), the seed being the
+// one the last stage's loss gets (1/m times the loss scale). The gradients then equal those of
+// the whole model's loss, terms included. A term not taken before the next forward of the stage
+// would be lost silently: that forward refuses to run. Evaluation (eval mode or no grad) drops
+// the terms.
+void GPT::keep_stage_moe_loss(const char* op) {
+  TD_CHECK(!stage_moe_loss_.defined(), op,
+           ": the MoE loss terms of this pipeline stage's previous ",
+           "forward were not taken (take_moe_loss(); they must be backpropagated with the "
+           "stage's output)");
+  if (moe_losses_.empty()) return;
+  if (!is_training() || !autograd::grad_enabled()) {
+    moe_losses_.clear();  // evaluation: nothing is backpropagated
+    return;
+  }
+  Tensor sum = moe_losses_[0];
+  for (size_t i = 1; i < moe_losses_.size(); ++i) sum = add(sum, moe_losses_[i]);
+  moe_losses_.clear();
+  stage_moe_loss_ = sum;
+}
+
+Tensor GPT::take_moe_loss() {
+  Tensor t = stage_moe_loss_;
+  stage_moe_loss_ = Tensor();
+  return t;
+}
+
 Tensor GPT::with_moe_losses(const Tensor& loss) {
   Tensor out = loss;
   for (const Tensor& t : moe_losses_) out = add(out, t);
@@ -636,13 +672,7 @@ Tensor GPT::forward_stage(const Tensor& input, const Tensor& targets) {
   }
   Tensor h = hidden(input, 0, nullptr, sp);
   if (!stage_.post) {
-    const bool lost = !moe_losses_.empty();
-    moe_losses_.clear();
-    TD_CHECK(!lost, "GPT.forward_stage: this pipeline stage has MoE layers with auxiliary losses (",
-             "moe_aux_loss_coeff=", config_.moe_aux_loss_coeff,
-             ", moe_z_loss_coeff=", config_.moe_z_loss_coeff,
-             ") but not the head that adds them to the loss: not ",
-             "supported yet (set both to 0, e.g. with the aux-loss-free bias)");
+    keep_stage_moe_loss("GPT.forward_stage");
     return h;
   }
   return targets.defined() ? with_moe_losses(head(h, targets, sp)) : head(h, targets, sp);
@@ -671,13 +701,13 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
            " positions over ", parallel_->tp_size(),
            " tensor-parallel ranks: the sequence length must be divisible by tp");
   Tensor h = hidden(idx, 0, nullptr, sp);  // [B, T(/tp under sp), d], compute dtype
-  if (!stage_.post || !targets.defined()) {
-    const bool lost = !stage_.post && !moe_losses_.empty();
-    moe_losses_.clear();
-    TD_CHECK(!lost, "GPT.forward: this pipeline stage has MoE layers with auxiliary losses but ",
-             "not the head that adds them to the loss: not supported yet (set ",
-             "moe_aux_loss_coeff and moe_z_loss_coeff to 0)");
-    return stage_.post ? head(h, targets, sp) : h;
+  if (!stage_.post) {
+    keep_stage_moe_loss("GPT.forward");
+    return h;
+  }
+  if (!targets.defined()) {
+    moe_losses_.clear();  // logits only: nothing to add the terms to
+    return head(h, targets, sp);
   }
   return with_moe_losses(head(h, targets, sp));
 }

@@ -2,7 +2,8 @@
 // shapes and the moe_layer_freq pattern; a one-expert top-1 MoE with the dense MLP's weights is
 // the dense model bit for bit; training reduces the loss; the training loss carries the
 // balancing terms (evaluation's does not); the capacity drops the expected slots; full
-// recomputation changes nothing; the aux-loss-free bias update; generation; and errors.
+// recomputation changes nothing; the aux-loss-free bias update; generation; pipeline stages
+// that hand their loss terms to the runtime; and errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -365,17 +366,73 @@ TEST(GPTMoE, BadConfigsAndUnsupportedPathsAreErrors) {
               models::gpt_to_hf(m, dir.path("hf"));
             }).find("a mixture-of-experts model (num_experts=4) has no Hugging Face"),
             std::string::npos);
-  // A pipeline stage without the head cannot add the balancing losses to the loss.
+  // A pipeline stage without the head keeps its loss terms for the caller; one not taken
+  // before the next forward is an error (it would be lost silently).
   GPT first(small_moe(Arch::GPT2), models::GPTStage{0, 1, true, false});
+  first.train();
+  first.forward(tokens(1, 8, 61, 1));
   EXPECT_NE(error_of([&] {
               first.forward(tokens(1, 8, 61, 1));
-            }).find("MoE layers with auxiliary losses but not the head"),
+            }).find("MoE loss terms of this pipeline stage's previous forward were not taken"),
             std::string::npos);
   GPTConfig free_of_aux = small_moe(Arch::GPT2);
   free_of_aux.moe_aux_loss_coeff = 0.0;
   free_of_aux.moe_z_loss_coeff = 0.0;
   GPT ok(free_of_aux, models::GPTStage{0, 1, true, false});
+  ok.train();
   EXPECT_EQ(ok.forward(tokens(1, 8, 61, 1)).sizes(), (Shape{1, 8, 32}));
+  EXPECT_FALSE(ok.take_moe_loss().defined());
+}
+
+// Note [MoE losses of a pipeline stage]: the model split into two stages, the first stage's
+// MoE loss terms backpropagated together with its output (seed 1, as the loss), gives the whole
+// model's loss (last stage's loss + the first stage's terms) and every parameter's gradient.
+// Tolerance: fp32, 1e-5 of each gradient's largest magnitude (the same ops in the same order;
+// only the engine's accumulation order across the two graphs may differ). Without the terms
+// the router gradients of the first stage differ at the 1e-3 level (aux coefficient 0.01).
+// Evaluation keeps no terms.
+TEST(GPTMoE, PipelineStagesBackpropagateTheirLossTerms) {
+  for (Arch arch : {Arch::GPT2, Arch::Llama}) {
+    const GPTConfig c = small_moe(arch);
+    GPT whole(c);
+    whole.train();
+    const Tensor x = tokens(2, 8, 61, 3), y = tokens(2, 8, 61, 4);
+    auto [want_loss, want] = loss_and_grads(whole, x, y);
+
+    GPT first(c, models::GPTStage{0, 1, true, false});
+    GPT second(c, models::GPTStage{1, 1, false, true});
+    first.train();
+    second.train();
+    Tensor h = first.forward(x);
+    Tensor terms = first.take_moe_loss();
+    ASSERT_TRUE(terms.defined());
+    EXPECT_FALSE(first.take_moe_loss().defined());  // taken once
+    Tensor hin = h.detach();
+    hin.set_requires_grad(true);
+    Tensor loss = second.forward_stage(hin, y);
+    loss.backward();
+    autograd::backward({h, terms}, {hin.grad(), Tensor()});
+    EXPECT_NEAR(loss.item<float>() + terms.item<float>(), want_loss, 1e-5 * std::fabs(want_loss));
+    // gpt2's tied table: each stage holds a copy; their gradients add up to the whole's.
+    std::map<std::string, Tensor> got;
+    for (GPT* stage : {&first, &second}) {
+      for (auto& [n, p] : stage->named_parameters())
+        got[n] = got.count(n) ? add(got[n], p.grad()) : p.grad();
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (auto& [n, g] : got) {
+      ASSERT_TRUE(want.count(n)) << n;
+      const Tensor& w = want[n];
+      const double scale = std::max(1e-12, max(abs(w)).item<double>());
+      EXPECT_LE(max(abs(sub(g, w))).item<double>(), 1e-5 * scale) << n;
+    }
+    first.eval();
+    {
+      autograd::NoGradGuard ng;
+      first.forward(x);
+    }
+    EXPECT_FALSE(first.take_moe_loss().defined());
+  }
 }
 
 // GPT::set_expert_parallel (the layout step behind parallel::apply_expert_parallel): experts that

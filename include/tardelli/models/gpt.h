@@ -102,6 +102,10 @@ class GPT : public nn::Module {
   // unused). The
   // whole model's forward(idx, targets) is forward_stage(idx, targets).
   Tensor forward_stage(const Tensor& input, const Tensor& targets = Tensor());
+  // A training forward of a stage without the head keeps its MoE layers' loss terms (summed, an
+  // fp32 scalar) for the caller to backpropagate with the stage's output; this returns them and
+  // forgets them (undefined when there are none). Note [MoE losses of a pipeline stage].
+  Tensor take_moe_loss();
 
   // idx: [B, T] int64/int32 token ids, T <= block_size. With targets ([B, T] ids, kIgnoreIndex
   // to skip a position): the mean cross-entropy, an fp32 scalar. Without: logits [B, T, V] in
@@ -215,6 +219,8 @@ class GPT : public nn::Module {
   Tensor moe_branch(const Layer& l, const Tensor& hn, bool fuse_act, BlockAux* aux);
   // loss + the MoE loss terms of the last hidden() (which are then dropped).
   Tensor with_moe_losses(const Tensor& loss);
+  // A stage without the head: moe_losses_ summed into stage_moe_loss_.
+  void keep_stage_moe_loss(const char* op);
   Recompute block_mode(size_t layer) const;
   Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
   Tensor cast(const Tensor& p) const;  // parameter -> compute dtype (differentiable)
@@ -250,6 +256,7 @@ class GPT : public nn::Module {
   MoEExpertDispatch ep_dispatch_;
   std::vector<std::vector<int64_t>> moe_load_;  // Note [MoE router bias]
   std::vector<Tensor> moe_losses_;              // the MoE loss terms of the running forward
+  Tensor stage_moe_loss_;                       // a headless stage's terms until take_moe_loss()
 };
 
 }  // namespace td::models

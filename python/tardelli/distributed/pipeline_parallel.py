@@ -160,19 +160,26 @@ class PipelineRuntime:
                     inp.requires_grad_(True)
                 a0 = time.time()  # wall clock: comparable across the ranks of one machine
                 out = chunk.forward_stage(inp, batches[mb][1] if self._is_last(s) else None)
+                roots = [out]
                 if self._is_last(s):
                     losses.append(out.item())
                 else:
                     self._send(out.detach(), 0, mb, s + 1, self._holder(s + 1))
-                stash[(mb, c)] = (inp, out)
+                    # A stage's MoE loss terms are backpropagated with its output, seeded like
+                    # the loss (Note [MoE losses of a pipeline stage] in src/models/gpt.cpp).
+                    aux = chunk.take_moe_loss()
+                    if aux is not None:
+                        roots.append(aux)
+                stash[(mb, c)] = (inp, roots)
             elif kind in ("B", "I"):
-                inp, out = stash.pop((mb, c))
+                inp, roots = stash.pop((mb, c))
                 grad = scale if self._is_last(s) else self._recv(1, mb, s, self._holder(s + 1))
+                grads = [grad] + [scale] * (len(roots) - 1)
                 a0 = time.time()
                 if kind == "B":
-                    _C.backward([out], [grad], False, False)
+                    _C.backward(roots, grads, False, False)
                 else:
-                    deferred[(mb, c)] = _C.backward_input([out], [grad])
+                    deferred[(mb, c)] = _C.backward_input(roots, grads)
                 if s > 0:
                     self._send(inp.grad, 1, mb, s - 1, self._holder(s - 1))
             elif kind == "W":
