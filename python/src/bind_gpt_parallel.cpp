@@ -1,9 +1,11 @@
 // tardelli._C.parallel.apply_tensor_parallel / apply_parallelism: the parallelize step for the
-// fused GPT (parallel/parallelize.h), the context-parallel attention and zigzag helpers
-// (parallel/context_parallel.h), and put_shard (nn::ShardSpec::put: a shard into its place in the
-// full tensor). Type conversion only; td.distributed.parallelize (model_parallel.py) wraps it.
+// fused GPT (parallel/parallelize.h), apply_expert_parallel (parallel/expert_parallel.h), the
+// context-parallel attention and zigzag helpers (parallel/context_parallel.h), and put_shard
+// (nn::ShardSpec::put: a shard into its place in the full tensor). Type conversion only;
+// td.distributed.parallelize (model_parallel.py) wraps it.
 #include "bind.h"
 #include "tardelli/nn/shard_spec.h"
+#include "tardelli/parallel/expert_parallel.h"
 #include "tardelli/parallel/parallelize.h"
 
 namespace td::python {
@@ -44,6 +46,12 @@ void init_gpt_parallel(py::module_& m, TensorClass& /*cls*/) {
                                                     parallel::parse_cp_comm(comm));
       },
       "q"_a, "k"_a, "v"_a, "cp"_a, "is_causal"_a = true, "cp_comm"_a = "ring", nogil());
+  pm.def(
+      "apply_expert_parallel",
+      [](const std::shared_ptr<models::GPT>& model, const distributed::CommPtr& ep) {
+        parallel::apply_expert_parallel(*model, ep);
+      },
+      "model"_a, "ep"_a, nogil());
   pm.def("zigzag_positions", &parallel::zigzag_positions, "T"_a, "rank"_a, "size"_a);
   pm.def("zigzag_slice", &parallel::zigzag_slice, "x"_a, "dim"_a, "rank"_a, "size"_a, nogil());
   pm.def("zigzag_gather", &parallel::zigzag_gather, "x"_a, "cp"_a, "dim"_a, nogil());

@@ -1,7 +1,8 @@
 """Mixture of experts from Python and `python -m tardelli.train` (docs/moe.md): the bindings,
 the CLI's MoE flags and their validation, the per-step MoE metrics, data parallelism (ZeRO 0, 1,
 2 and 3) against one process with the same micro-batches, the router-bias update summed over dp
-ranks, and exact resume with the expert biases in the checkpoint."""
+ranks, exact resume with the expert biases in the checkpoint, and expert parallelism (--ep)
+alone and with dp, tp and pp against one process."""
 import json
 from pathlib import Path
 
@@ -35,8 +36,9 @@ def rows(path):
 
 
 def biases(save, step):
+    from tardelli.train.state import assemble_full_state
     r = td.checkpoint.CheckpointReader(str(Path(save) / td.checkpoint.step_dir_name(step)))
-    t = r.read_tensors("model.safetensors")
+    t = assemble_full_state(r)  # model.safetensors, or the tp / pp shard files put together
     return {n: np.array(v.tolist()) for n, v in t.items() if n.endswith("expert_bias")}
 
 
@@ -86,9 +88,14 @@ def test_python_api_stats_bias_and_buffers():
     (["--moe-aux-loss-coeff", "-0.1"], 1, "--moe-aux-loss-coeff must be a number >= 0"),
     (["--moe-capacity-factor", "-1"], 1, "--moe-capacity-factor must be a number >= 0"),
     (["--moe-layer-freq", "0"], 1, "--moe-layer-freq must be >= 1"),
-    (["--tp", "2"], 2, "--num-experts 4 with --tp 2: the MoE layers are not tensor-parallel"),
+    (["--tp", "2", "--sequence-parallel"], 2, "--num-experts 4 with --sequence-parallel"),
     (["--cp", "2"], 2, "--num-experts 4 with --cp 2"),
-    (["--pp", "2"], 2, "--num-experts 4 with --pp 2: pipeline parallelism with MoE"),
+    (["--ep", "3"], 3, "--num-experts 4 is not divisible by --ep 3"),
+    (["--ep", "2"], 1, "--ep 2 does not divide the data-parallel size 1"),
+    (["--ep", "2", "--tp", "2"], 2, "--ep 2 does not divide the data-parallel size 1"),
+    (["--ep", "2", "--zero", "3"], 2, "--ep 2 with --zero 3"),
+    (["--ep", "0"], 1, "--ep must be >= 1"),
+    (["--num-experts", "0", "--ep", "2"], 2, "--ep 2: expert parallelism needs a mixture"),
 ])
 def test_bad_moe_flags_are_refused_at_config_time(argv, world, message):
     with pytest.raises(C.ConfigError, match=message):
@@ -217,3 +224,72 @@ def test_moe_resume_is_exact(reference, tmp_path, nproc, zero):
         assert [r["loss"] for r in got] == [r["loss"] for r in rows(uninterrupted)]
     for n, b in biases(save, 4).items():
         np.testing.assert_array_equal(b, reference["biases"][n])
+
+
+# Expert parallelism: micro-batches of 2, 8 samples a step, so every layout below (up to dp 4)
+# runs the same 2-sample forwards as the one-process run that accumulates 4 of them; each
+# forward's auxiliary losses and loads then match too.
+EP = ["--micro-batch-size", "2", "--steps", "3"]
+
+
+@pytest.fixture(scope="module")
+def ep_reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ep_ref")
+    train(1, *EP, "--metrics-file", str(d / "m.jsonl"), "--save", str(d / "save"))
+    return {"rows": rows(d / "m.jsonl"), "biases": biases(d / "save", 3)}
+
+
+@pytest.mark.parametrize("nproc, layout", [
+    (2, ["--ep", "2"]),
+    (2, ["--ep", "2", "--zero", "1"]),
+    (4, ["--ep", "4"]),
+    (4, ["--ep", "2", "--zero", "1"]),             # ep 2 x edp 2: dp 4
+    (4, ["--ep", "2", "--tp", "2"]),
+    (4, ["--ep", "2", "--pp", "2", "--zero", "2"]),
+], ids=["ep2", "ep2-zero1", "ep4", "ep2xdp2-zero1", "ep2xtp2", "ep2xpp2-zero2"])
+def test_expert_parallel_matches_one_rank(ep_reference, tmp_path, nproc, layout):
+    # Property: with the experts split over ep ranks (tokens exchanged by all-to-alls), the
+    # experts' gradients reduced over the expert-data-parallel group with 1/ep and the dense
+    # ones over dp (Note [Expert gradients]), alone or with tp (replicated MoE layers), pp
+    # (the first stage's MoE loss terms backpropagated with its output) and ZeRO shards of both
+    # groups, the losses and auxiliary losses follow the one-process run to fp32 rounding
+    # (rtol 1e-5: only the order of sums differs; a wrong scale or a lost term moves them by
+    # far more), the load metrics are exact, and the expert biases are bitwise the reference's.
+    m, save = tmp_path / "m.jsonl", tmp_path / "save"
+    summary = train(nproc, *EP, *layout, "--metrics-file", str(m), "--save", str(save))
+    got, ref = rows(m), ep_reference["rows"]
+    assert len(got) == len(ref) == 3
+    for k in ("loss", "moe_aux_loss", "moe_z_loss", "grad_norm"):
+        np.testing.assert_allclose([r[k] for r in got], [r[k] for r in ref], rtol=1e-5,
+                                   err_msg=k)
+    for k in ("moe_max_load", "moe_mean_load", "moe_dropped_tokens"):
+        assert [r[k] for r in got] == [r[k] for r in ref], k
+    assert summary["ep"] == int(layout[1]) and summary["moe_bias_replicated"] is True
+    assert summary["moe_layers"] == 2
+    b = biases(save, 3)  # the checkpoint holds every expert, whatever the ep
+    assert b.keys() == ep_reference["biases"].keys()
+    for n in b:
+        np.testing.assert_array_equal(b[n], ep_reference["biases"][n])
+
+
+def test_expert_parallel_checkpoint_resumes_at_another_ep(ep_reference, tmp_path):
+    # Property (Note [Experts in checkpoints]): the model and optimizer files hold whole expert
+    # tensors, so a run saved at ep 2 resumes at ep 1 on the same two ranks and continues the
+    # one-process losses; a ZeRO run refuses another ep with a clear error.
+    m, save = tmp_path / "m.jsonl", tmp_path / "save"
+    args = [*EP, "--metrics-file", str(m), "--save", str(save)]
+    train(2, *args, "--ep", "2", "--exit-interval", "2")
+    r = td.checkpoint.CheckpointReader(str(save / "step_00000002"))
+    assert r.meta()["parallel"]["ep"] == 2
+    assert list(r.read_tensors("model.safetensors")["h.0.mlp.experts.c_fc.weight"].shape)[0] == 4
+    train(2, *args, "--resume")
+    got = rows(m)
+    assert [x["step"] for x in got] == [1, 2, 3]
+    np.testing.assert_allclose([x["loss"] for x in got],
+                               [x["loss"] for x in ep_reference["rows"]], rtol=1e-5)
+    zsave = tmp_path / "zsave"
+    train(2, *EP, "--ep", "2", "--zero", "1", "--save", str(zsave), "--exit-interval", "1")
+    p = run(2, "tardelli.train", *BASE, *EP, "--zero", "1", "--save", zsave, "--resume",
+            check=False, timeout=200)
+    assert p.returncode != 0
+    assert "ZeRO-1 optimizer shards of an ep=2 run but this run has ep=1" in p.stdout + p.stderr

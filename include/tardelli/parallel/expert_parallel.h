@@ -32,7 +32,8 @@ models::MoEExpertDispatch expert_parallel_dispatch(distributed::CommPtr ep);
 // stay whole. Gradients: the local experts' accumulate the contributions of every ep rank's
 // tokens (sum over the ep group's losses); a trainer averaging the dense gradients over dp x ep
 // divides the expert ones by the same dp x ep size but reduces them over the expert-data-
-// parallel group only (Note [Expert layout] in distributed/process_grid.h).
+// parallel group only (Note [Expert layout] in distributed/process_grid.h; the trainer's
+// ExpertDataParallel in python/tardelli/distributed/expert_parallel.py does it with grad_scale).
 void apply_expert_parallel(models::GPT& model, const distributed::CommPtr& ep);
 
 }  // namespace td::parallel

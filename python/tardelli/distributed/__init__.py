@@ -26,6 +26,8 @@ from .tensor_parallel import (  # noqa: F401,E402
 from .model_parallel import (clip_grad_norm_, context_parallel_slice,  # noqa: F401,E402
                              grad_norm_squared, parallelize)
 from . import pipeline, pipeline_parallel  # noqa: F401,E402
+from .expert_parallel import (ExpertDataParallel, ExpertDistributedOptimizer,  # noqa: F401,E402
+                              expert_parallel)
 
 _D = _C.distributed
 Communicator = _D.Communicator
@@ -268,5 +270,6 @@ __all__ = [
     "pipeline", "pipeline_parallel", "tensor_parallel", "ColumnParallelLinear",
     "RowParallelLinear", "VocabParallelEmbedding", "RngTracker", "padded_vocab_size",
     "vocab_parallel_cross_entropy", "DistributedDataParallel", "DistributedOptimizer",
-    "FullyShardedDataParallel",
+    "FullyShardedDataParallel", "ExpertDataParallel", "ExpertDistributedOptimizer",
+    "expert_parallel",
 ]

@@ -74,32 +74,46 @@ def _counts(model, name, tp):
     return is_tensor_parallel(model, name) or not tp or model.tp_rank == 0
 
 
-def grad_norm_squared(model, group=None):
+def grad_norm_squared(model, group=None, expert_group=None):
     """The squared L2 norm of the full model's gradient under a model-parallel layout. `model`
     is a td.models.GPT or a list of this rank's pipeline chunks; `group` the model-parallel
     group (the tp group, or the tp-pp group with pipelining). Split parameters count on every
     tp rank, replicated ones on tp rank 0 only, the tied embedding's pipeline copy not at all;
-    the per-rank sums are added over `group`. A float, the same on every rank of the group."""
+    the per-rank sums are added over `group`. Under expert parallelism the experts' squares are
+    added over `expert_group` instead (the grid's tp-ep-pp group: Note [Expert gradients] in
+    expert_parallel.py). A float, the same on every rank of the groups."""
+    from .expert_parallel import is_expert_parameter
     models = model if isinstance(model, (list, tuple)) else [model]
     tp = models[0].tp_size > 1
     if group is None and (tp or len(models) > 1 or not models[0].stage[2] or
                           not models[0].stage[3]):
         raise ValueError("grad_norm_squared: a model-parallel model needs its model-parallel "
                          "group")
-    local = 0.0
+    if expert_group is None and models[0].ep_size > 1:
+        raise ValueError("grad_norm_squared: an expert-parallel model needs its expert group "
+                         "(tp-ep-pp) for the experts' part")
+    local = local_experts = 0.0
     for m in models:
         for name, p in m.named_parameters():
             if p.grad is None or not _counts(m, name, tp):
                 continue
-            local += float((p.grad * p.grad).sum().item())
-    return _sum_over(local, group) if group is not None and group.size > 1 else local
+            sq = float((p.grad * p.grad).sum().item())
+            if expert_group is not None and is_expert_parameter(name):
+                local_experts += sq
+            else:
+                local += sq
+    total = _sum_over(local, group) if group is not None and group.size > 1 else local
+    if expert_group is not None:
+        total += _sum_over(local_experts, expert_group) if expert_group.size > 1 \
+            else local_experts
+    return total
 
 
-def clip_grad_norm_(model, max_norm, group=None):
-    """torch's clip_grad_norm_ for a tensor-parallel model: the norm of the full model's
-    gradient (grad_norm_squared), and every local gradient scaled by max_norm / (norm + 1e-6)
-    when that is below 1. Returns the norm before clipping (a float)."""
-    norm = math.sqrt(grad_norm_squared(model, group))
+def clip_grad_norm_(model, max_norm, group=None, expert_group=None):
+    """torch's clip_grad_norm_ for a tensor- (pipeline-, expert-) parallel model: the norm of
+    the full model's gradient (grad_norm_squared), and every local gradient scaled by
+    max_norm / (norm + 1e-6) when that is below 1. Returns the norm before clipping (a float)."""
+    norm = math.sqrt(grad_norm_squared(model, group, expert_group))
     models = model if isinstance(model, (list, tuple)) else [model]
     if math.isfinite(norm) and math.isfinite(max_norm):
         coef = max_norm / (norm + 1e-6)

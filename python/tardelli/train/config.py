@@ -96,6 +96,9 @@ class TrainConfig:
         help="with --cp > 1: ring (ring attention) | a2a (all-to-all, Ulysses)"))
     pp: int = field(default=1, metadata=dict(
         help="pipeline-parallel size: the layers split into this many stages"))
+    ep: int = field(default=1, metadata=dict(
+        help="expert-parallel size: each MoE layer's experts split over this many of the "
+             "data-parallel ranks (must divide the data-parallel size)"))
     vpp: int = field(default=1, metadata=dict(
         help="model chunks (virtual stages) per pipeline rank (--schedule interleaved)"))
     schedule: str = field(default="1f1b", metadata=dict(
@@ -326,7 +329,7 @@ def validate(cfg, dp_size=1):
              "(--kv-heads; grouped-query attention splits them too)")
         need(cfg.cp > 1 or not cfg.sequence_parallel or cfg.seq_len % cfg.tp == 0,
              f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
-    validate_moe(cfg, need)
+    validate_moe(cfg, need, dp_size)
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
     need(cfg.trace == "" or cfg.pp > 1, "--trace records the pipeline timeline: it needs --pp > 1")
@@ -385,9 +388,9 @@ def validate(cfg, dp_size=1):
     need(not cfg.resume or cfg.save, "--resume needs --save DIR (where the checkpoints are)")
 
 
-def validate_moe(cfg, need):
+def validate_moe(cfg, need, dp_size=1):
     """The mixture-of-experts keys (checked whatever --num-experts, so a typo in a dense run's
-    MoE key is caught too) and the layouts the MoE model does not support yet."""
+    MoE key is caught too), --ep, and the layouts the MoE model does not support yet."""
     need(cfg.num_experts >= 0, f"--num-experts must be >= 0 (0: dense), got {cfg.num_experts}")
     for name in ("moe_ffn_hidden", "moe_shared_experts"):
         need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
@@ -398,17 +401,27 @@ def validate_moe(cfg, need):
         v = getattr(cfg, name)
         need(math.isfinite(v) and v >= 0,
              f"--{name.replace('_', '-')} must be a number >= 0, got {v}")
+    need(cfg.ep >= 1, f"--ep must be >= 1, got {cfg.ep}")
+    need(cfg.ep == 1 or cfg.num_experts > 0,
+         f"--ep {cfg.ep}: expert parallelism needs a mixture-of-experts model (--num-experts)")
     if cfg.num_experts == 0:
         return
     need(1 <= cfg.moe_top_k <= cfg.num_experts,
          f"--moe-top-k {cfg.moe_top_k} must be in [1, --num-experts {cfg.num_experts}]")
-    need(cfg.tp == 1, f"--num-experts {cfg.num_experts} with --tp {cfg.tp}: the MoE layers are "
-         "not tensor-parallel yet (use --tp 1)")
+    need(cfg.num_experts % cfg.ep == 0,
+         f"--num-experts {cfg.num_experts} is not divisible by --ep {cfg.ep} (each ep rank "
+         "holds num_experts / ep experts)")
+    need(dp_size % cfg.ep == 0,
+         f"--ep {cfg.ep} does not divide the data-parallel size {dp_size} (ranks / (tp x cp x "
+         "pp)): the ep ranks are data-parallel ranks of the dense layers")
+    need(cfg.ep == 1 or cfg.zero < 3,
+         f"--ep {cfg.ep} with --zero 3: sharding the experts over their expert-data-parallel "
+         "group is not supported yet (use --zero 0, 1 or 2)")
+    need(not cfg.sequence_parallel,
+         f"--num-experts {cfg.num_experts} with --sequence-parallel: the MoE layers run on "
+         "whole sequences under --tp (drop --sequence-parallel)")
     need(cfg.cp == 1, f"--num-experts {cfg.num_experts} with --cp {cfg.cp}: the MoE layers do "
          "not support context parallelism yet (use --cp 1)")
-    need(cfg.pp == 1, f"--num-experts {cfg.num_experts} with --pp {cfg.pp}: pipeline "
-         "parallelism with MoE layers is not supported yet (the auxiliary losses of stages "
-         "without the head have no backward seed; use --pp 1)")
 
 
 def accumulation_steps(cfg, dp_size=1):

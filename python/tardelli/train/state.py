@@ -19,6 +19,9 @@
                                 each one's place in the full tensor (ShardSpec) and that
                                 rank's sequence-parallel dropout stream
         optimizer.tpNN.safetensors  likewise for the optimizer (without --zero)
+        With --ep > 1 the model and optimizer files hold every expert (each rank's experts
+        all-gathered over the ep group at save time, Note [Experts in checkpoints]); only the
+        ZeRO shard files are per rank.
         model.ppPP.tpNN.safetensors, optimizer.ppPP.tpNN.safetensors   with --pp > 1: one
                                 file per (pipeline stage, tp rank) holding that rank's chunks,
                                 with each chunk's dropout streams in the "tp" metadata
@@ -85,6 +88,65 @@ def _optimizer_tensors(model, opt):
                                               "step": steps})}
 
 
+# Note [Experts in checkpoints]: an expert-parallel rank holds num_experts / ep of each MoE
+# layer's stacked expert tensors (dim 0). Model and optimizer files store the whole tensors, as
+# a one-rank run would, so a checkpoint is independent of ep: a run resumes at any ep (without
+# ZeRO), and generate / export read it unchanged. Saving all-gathers the slices over the ep
+# group (every rank takes part); loading keeps this rank's slice.
+def _is_expert_key(key):
+    return ".mlp.experts." in key
+
+
+def _gather_experts(tensors, ep_group):
+    """`tensors` (name -> tensor, names of parameters or their moments) with every expert
+    entry replaced by the whole tensor, all-gathered over `ep_group` along dim 0. A collective:
+    every rank of the group calls it with the same names."""
+    if ep_group is None or ep_group.size == 1:
+        return tensors
+    out = dict(tensors)
+    with td.no_grad():
+        for k in sorted(tensors):
+            if _is_expert_key(k):
+                out[k] = _C.distributed.all_gather_along(tensors[k].contiguous(), ep_group, 0)
+    return out
+
+
+def _slice_experts(tensors, model, where):
+    """This rank's slice (dim 0) of every expert entry of a checkpoint's whole tensors."""
+    first = _chunks(model)[0]
+    n, r = first.ep_size, first.ep_rank
+    if n == 1:
+        return tensors
+    out = dict(tensors)
+    for k, t in tensors.items():
+        if not _is_expert_key(k):
+            continue
+        if t.shape[0] % n != 0:
+            raise C.ConfigError(f"--resume: {where}: '{k}' has {t.shape[0]} experts, not "
+                                f"divisible by ep {n}")
+        e = t.shape[0] // n
+        out[k] = t.narrow(0, r * e, e).contiguous()
+    return out
+
+
+def _load_model_tensors(reader, path, model, f):
+    """An expert-parallel model's parameters and buffers from file `f` (whole experts, this
+    rank's slice kept), after checking every name and shape."""
+    tensors = _slice_experts(dict(reader.read_tensors(f)), model, f"{path}/{f}")
+    mine = dict(_named_params(model))
+    mine.update(_named_buffers(model))
+    if set(tensors) != set(mine):
+        raise C.ConfigError(f"--resume: {path}/{f}: tensor names differ (missing "
+                            f"{sorted(set(mine) - set(tensors))}, unexpected "
+                            f"{sorted(set(tensors) - set(mine))})")
+    with td.no_grad():
+        for n, p in mine.items():
+            if list(tensors[n].shape) != list(p.shape) or tensors[n].dtype != p.dtype:
+                raise C.ConfigError(f"--resume: {path}/{f}: '{n}' is {list(tensors[n].shape)} "
+                                    f"{tensors[n].dtype}, this run's {list(p.shape)} {p.dtype}")
+            p.copy_(tensors[n])
+
+
 def _shard_file(rank):
     return f"optimizer.rank{rank:05d}.safetensors"
 
@@ -142,7 +204,10 @@ def assemble_full_state(reader):
             f = _tp_file("model", r, p if pp > 1 else None)
             info = json.loads(reader.read_metadata(f)["tp"])
             for name, t in reader.read_tensors(f).items():
-                spec = info["shards"][name]
+                spec = info["shards"].get(name)
+                if spec is None:  # a buffer (router.expert_bias): replicated, whole
+                    full.setdefault(name, t)
+                    continue
                 if name not in full:
                     full[name] = td.zeros(*spec["full_shape"], dtype=t.dtype)
                 _place(t, spec, full[name])
@@ -162,14 +227,15 @@ def _zero_tensors(opt, rank, size, stage=1):
 
 
 def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
-         world=None, loss_scaler=None, params=None):
+         world=None, loss_scaler=None, params=None, ep_group=None):
     """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
     Data parallel: rank 0 writes the model (replicated) and the metadata; with ZeRO-1 every
     rank also writes its optimizer shard (Note [Sharded saving] in checkpoint.h: rank 0
     prepares the directory, then the others join, then rank 0 commits). `loss_scaler`: the fp16
     run's td._C.DynamicLossScaler, whose state goes into meta.json ("loss_scaler"). `params`:
     the parameters to write instead of the model's (ZeRO-3: FullyShardedDataParallel.
-    full_parameters(), gathered by every rank before the call)."""
+    full_parameters(), gathered by every rank before the call). `ep_group`: the expert-parallel
+    group, over which the experts are gathered (Note [Experts in checkpoints])."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     sharded = bool(cfg.zero)
     first = _chunks(model)[0]
@@ -190,6 +256,12 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     # pp_rank * tp + tp_rank, which is their world rank).
     writer_id = rank if sharded else (pp_rank * tp + tp_rank if dp_first else None)
     num_writers = size if sharded else tp * pp
+    # Every rank takes part in gathering the experts; the writers use the result.
+    model_tensors = _gather_experts(_model_tensors(model, params), ep_group)
+    opt_tensors = None
+    if not sharded:
+        opt_tensors = _optimizer_tensors(model, opt)
+        opt_tensors = (_gather_experts(opt_tensors[0], ep_group), opt_tensors[1])
     if rank == 0:
         os.makedirs(root, exist_ok=True)
         writer = td.checkpoint.CheckpointWriter(path, 0)
@@ -201,16 +273,15 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
         tensors, metadata = _zero_tensors(opt, rank, size, int(cfg.zero))
         writer.write_tensors(_shard_file(rank), tensors, metadata)
     if split and dp_first:
-        writer.write_tensors(_tp_file("model", tp_rank, shard_pp),
-                             _model_tensors(model, params), _tp_metadata(model))
+        writer.write_tensors(_tp_file("model", tp_rank, shard_pp), model_tensors,
+                             _tp_metadata(model))
         if not sharded:
-            tensors, metadata = _optimizer_tensors(model, opt)
-            writer.write_tensors(_tp_file("optimizer", tp_rank, shard_pp), tensors, metadata)
+            writer.write_tensors(_tp_file("optimizer", tp_rank, shard_pp), *opt_tensors)
     if rank == 0:
         if not split:
-            writer.write_tensors("model.safetensors", _model_tensors(model, params))
+            writer.write_tensors("model.safetensors", model_tensors)
             if not sharded:
-                writer.write_tensors("optimizer.safetensors", *_optimizer_tensors(model, opt))
+                writer.write_tensors("optimizer.safetensors", *opt_tensors)
         if tokenizer_dir:
             for f in ("vocab.json", "merges.txt"):
                 writer.copy_file(f, os.path.join(tokenizer_dir, f))
@@ -228,6 +299,7 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
                      "prefix": cfg.data, "synthetic": cfg.synthetic_data},
             "rng": {"dropout": {"seed": seed, "offset": offset, "subsequence": sub}},
             "parallel": {"dp": dp // cfg.cp, "cp": cfg.cp, "tp": tp, "pp": pp, "vpp": cfg.vpp,
+                         "ep": first.ep_size,
                          "pipeline_layout": cfg.pipeline_layout, "world": size,
                          "zero": int(cfg.zero), "sequence_parallel": first.sequence_parallel},
             "train": cfg.to_dict(),
@@ -258,7 +330,8 @@ def load(path, model, opt, cfg, world=None, fsdp=None):
     built objects; refuses a checkpoint of another model (naming every differing field).
     Returns {"step", "consumed_samples", "loss_scaler"} (the last None when the checkpoint
     holds no fp16 loss-scaler state). fsdp: the ZeRO-3 wrapper, whose shards take the
-    parameters (the model's own tensors hold no values between uses)."""
+    parameters (the model's own tensors hold no values between uses). An expert-parallel model
+    keeps its slice of the saved experts (Note [Experts in checkpoints])."""
     reader = td.checkpoint.CheckpointReader(path)
     reader.verify()
     meta = reader.meta()
@@ -296,6 +369,8 @@ def load(path, model, opt, cfg, world=None, fsdp=None):
         _load_sharded_model(reader, path, model, fsdp,
                             _tp_file("model", first.tp_rank, shard_pp) if split else
                             "model.safetensors", split)
+    elif not split and first.ep_size > 1:
+        _load_model_tensors(reader, path, model, "model.safetensors")
     elif not split:
         td.checkpoint.load_model_state(reader, model)
     else:
@@ -303,6 +378,11 @@ def load(path, model, opt, cfg, world=None, fsdp=None):
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     if cfg.zero:
         saved_world = par.get("world", par.get("dp", 1))
+        if par.get("ep", 1) != first.ep_size:
+            raise C.ConfigError(
+                f"--resume: {path} holds ZeRO-{cfg.zero} optimizer shards of an ep="
+                f"{par.get('ep', 1)} run but this run has ep={first.ep_size}; resharding ZeRO "
+                "state is not supported yet (resume with the same --ep, or without --zero)")
         if saved_world != size:
             raise C.ConfigError(
                 f"--resume: {path} holds ZeRO-{cfg.zero} optimizer shards of {saved_world} "
@@ -364,9 +444,14 @@ def _load_tp_model(reader, path, model, f):
     layout."""
     chunks = _chunks(model)
     info = json.loads(reader.read_metadata(f)["tp"])
-    tensors = reader.read_tensors(f)
+    tensors = _slice_experts(dict(reader.read_tensors(f)), model, f"{path}/{f}")
     params = dict(_named_params(model))
     owner = {n: ch for ch in chunks for n, _ in ch._cpp.named_parameters()}
+    for n, b in _named_buffers(model):  # replicated buffers (router.expert_bias), whole
+        if n not in tensors:
+            raise C.ConfigError(f"--resume: {path}/{f}: buffer '{n}' is missing")
+        with td.no_grad():
+            b.copy_(tensors.pop(n))
     if set(tensors) != set(params):
         raise C.ConfigError(f"--resume: {path}/{f}: parameter names differ (missing "
                             f"{sorted(set(params) - set(tensors))}, unexpected "
@@ -389,7 +474,7 @@ def _load_tp_model(reader, path, model, f):
 
 
 def _load_optimizer(reader, path, model, opt, fname="optimizer.safetensors"):
-    opt_tensors = reader.read_tensors(fname)
+    opt_tensors = _slice_experts(dict(reader.read_tensors(fname)), model, f"{path}/{fname}")
     opt_meta = json.loads(reader.read_metadata(fname)["optimizer"])
     params = dict(_named_params(model))
     by_impl = {p._impl_id(): n for n, p in params.items()}

@@ -248,9 +248,10 @@ def _sum_ints_over(rows, group):
     return out
 
 
-def moe_step_metrics(model, loss_sum, accum, dp_group):
+def moe_step_metrics(chunks, loss_sum, accum, dp_group, pp_group=None):
     """Note [MoE metrics]: the step's MoE statistics over its micro-batches (the model's stats
-    are reset at the step's start) and data-parallel ranks, and its mean cross-entropy.
+    are reset at the step's start), data-parallel ranks and pipeline stages, and its mean
+    cross-entropy. `chunks`: this rank's model (or pipeline chunks).
 
     A training forward returns CE + sum over MoE layers of (aux_coeff x aux + z_coeff x z); the
     statistics hold each layer's unscaled aux and z summed over forwards, so the cross-entropy
@@ -259,24 +260,41 @@ def moe_step_metrics(model, loss_sum, accum, dp_group):
     moe_max_load: max over layers of the busiest expert's token-slots / the mean per expert (a
     ratio: 1.0 is perfect balance, E / top_k the worst); moe_mean_load: that ratio averaged over
     layers; moe_dropped_tokens: token-slots over capacity, summed over layers and dp ranks.
-    Loads are counted over the whole global batch (summed over dp) before the capacity."""
-    st = model.moe_stats()
-    cfg = model.config
-    layers = st["layers"]
-    terms = sum(cfg.moe_aux_loss_coeff * lay["aux_loss"] + cfg.moe_z_loss_coeff * lay["z_loss"]
-                for lay in layers)
-    counts = _sum_ints_over([lay["tokens_per_expert"] for lay in layers] +
-                            [[st["dropped"]]], dp_group)
+    Loads are counted over the whole global batch (summed over dp) before the capacity.
+    Pipeline: the loss (from the last stage) holds the last stage's terms only (the others'
+    are backpropagated apart: Note [MoE losses of a pipeline stage]), and the per-layer
+    statistics are combined over the pp group."""
+    cfg = chunks[0].config
+    layers, dropped, terms = [], 0, 0.0
+    for ch in chunks:
+        st = ch.moe_stats()
+        layers += st["layers"]
+        dropped += st["dropped"]
+        if ch.stage[3]:  # the chunk whose loss carries its layers' terms
+            terms += sum(cfg.moe_aux_loss_coeff * lay["aux_loss"] +
+                         cfg.moe_z_loss_coeff * lay["z_loss"] for lay in st["layers"])
+    counts = _sum_ints_over([lay["tokens_per_expert"] for lay in layers] + [[dropped]],
+                            dp_group)
     dropped = counts.pop()[0]
     ratios = []
     for c in counts:
         mean = sum(c) / len(c)
         ratios.append(max(c) / mean if mean > 0 else 0.0)
+    # As MoEStats::aux_loss(): the sums over layers and forwards over the count of forwards.
+    sums = [sum(lay["aux_loss"] for lay in layers), sum(lay["z_loss"] for lay in layers),
+            sum(lay["forwards"] for lay in layers), len(layers), sum(ratios), terms, dropped]
+    max_ratio = max(ratios, default=0.0)
+    if pp_group is not None and pp_group.size > 1:
+        sums = [_sum_over_group(v, pp_group) for v in sums]
+        t = td.tensor([max_ratio], dtype=td.float32)
+        pp_group.all_reduce(t, "max")
+        max_ratio = t.item()
+    aux, z, forwards, n, ratio_sum, terms, dropped = sums
     return (loss_sum - terms) / accum, {
-        "moe_aux_loss": st["aux_loss"], "moe_z_loss": st["z_loss"],
-        "moe_max_load": max(ratios, default=0.0),
-        "moe_mean_load": sum(ratios) / len(ratios) if ratios else 0.0,
-        "moe_dropped_tokens": dropped}
+        "moe_aux_loss": aux / forwards if forwards > 0 else 0.0,
+        "moe_z_loss": z / forwards if forwards > 0 else 0.0, "moe_max_load": max_ratio,
+        "moe_mean_load": ratio_sum / n if n > 0 else 0.0,
+        "moe_dropped_tokens": int(round(dropped))}
 
 
 def update_moe_router_bias(model, dp_group):
@@ -287,9 +305,9 @@ def update_moe_router_bias(model, dp_group):
     model.update_moe_router_bias()
 
 
-def _moe_bias_replicated(model, dp_group):
+def _moe_bias_replicated(chunks, dp_group):
     """Whether the expert biases are bitwise equal on every rank of dp_group (a collective)."""
-    biases = [b for _, b in model._cpp.named_buffers()]
+    biases = [b for ch in chunks for _, b in ch._cpp.named_buffers()]
     if dp_group is None or dp_group.size == 1 or not biases:
         return True
     flat = td.cat([b.reshape(-1) for b in biases])
@@ -306,7 +324,7 @@ def train(cfg, world=None, out=print):
     from ..distributed.model_parallel import clip_grad_norm_ as tp_clip_grad_norm_
     from ..distributed.model_parallel import parallelize
     from ..distributed import pipeline_parallel as pipe_mod
-    if (cfg.zero or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1) and world is None:
+    if (cfg.zero or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1 or cfg.ep > 1) and world is None:
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
     size = world.size if world is not None else 1
     mp = cfg.tp * cfg.pp * cfg.cp
@@ -318,9 +336,11 @@ def train(cfg, world=None, out=print):
     C.validate(cfg, dp_size)
     grid = None
     if world is not None:
-        # Megatron's rank order: tp fastest, then cp, dp, pp slowest.
+        # Megatron's rank order: tp fastest, then cp, dp, pp slowest; ep carved out of dp
+        # (Note [Expert layout] in include/tardelli/distributed/process_grid.h).
         grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, cp=cfg.cp, pp=cfg.pp,
-                                                         dp=dp_size))
+                                                         dp=dp_size, ep=cfg.ep),
+                                ["tp-ep-pp"] if cfg.ep > 1 else [])
     dp_rank = grid.coords.dp if grid is not None else 0
     is_main = world is None or world.rank == 0
     # Every tp/cp/pp rank of a replica reads the same samples (a cp rank keeps its tokens).
@@ -340,6 +360,9 @@ def train(cfg, world=None, out=print):
             parallelize(ch, grid, sequence_parallel=cfg.sequence_parallel,
                         make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by,
                         cp_comm=cfg.cp_comm)
+    if cfg.ep > 1:
+        for ch in chunks:
+            dist.expert_parallel(ch, grid.ep())
     for ch in chunks:
         # Recomputation is a training-time choice, not part of the model or its checkpoints.
         ch.set_recompute(cfg.recompute, cfg.recompute_layers or None)
@@ -347,8 +370,12 @@ def train(cfg, world=None, out=print):
         if cfg.device != "cpu":
             ch.to(cfg.device)
     model = chunks[0]
-    moe = mcfg.num_experts > 0  # pp, tp and cp are refused with experts (config.validate_moe)
+    moe = mcfg.num_experts > 0  # cp and sequence parallelism are refused (config.validate_moe)
     dp_group = grid.dp() if grid is not None else None
+    pp_group = grid.pp() if cfg.pp > 1 else None
+    # Expert parallelism: the experts' part of the gradient norm is summed over tp-ep-pp
+    # (Note [Expert gradients] in python/tardelli/distributed/expert_parallel.py).
+    expert_group = grid.group("tp-ep-pp") if cfg.ep > 1 else None
     named = [(n, p) for ch in chunks for n, p in ch.named_parameters()]
     groups = [{"params": [p for ch in chunks for p in ch.param_groups(cfg.weight_decay)[i]
                           ["params"]], "weight_decay": cfg.weight_decay if i == 0 else 0.0}
@@ -361,6 +388,12 @@ def train(cfg, world=None, out=print):
         # ZeRO-3: parameters sharded over dp between uses, gathered per block (fully_sharded.h).
         fsdp = dist.FullyShardedDataParallel(chunks, group=grid.dp())
         ddp = fsdp.ddp
+    elif world is not None and cfg.ep > 1:
+        # Dense gradients averaged over dp, the experts' over edp with 1/ep (Note [Expert
+        # gradients]).
+        ddp = dist.ExpertDataParallel(
+            named, grid.dp(), grid.edp(), cfg.ep, bucket_mb=cfg.ddp_bucket_mb, zero=cfg.zero,
+            own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
     elif world is not None:
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
         # into them, never set to None); a bucket's reduction starts as soon as backward has
@@ -371,7 +404,14 @@ def train(cfg, world=None, out=print):
         ddp = dist.DistributedDataParallel(
             named, group=grid.dp_cp() if cfg.cp > 1 else grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
             zero=cfg.zero, own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
-    if cfg.zero:
+    if cfg.zero and cfg.ep > 1:
+        opt = dist.ExpertDistributedOptimizer(ddp, groups, lr=cfg.lr,
+                                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                              offload=cfg.offload_optimizer)
+        opt.set_expert_parallel(chunks, expert_group)
+        if mp_group is not None:
+            opt.set_model_parallel(chunks, mp_group)
+    elif cfg.zero:
         opt = dist.DistributedOptimizer(fsdp or ddp, groups, lr=cfg.lr,
                                         betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                         offload=cfg.offload_optimizer)
@@ -432,7 +472,8 @@ def train(cfg, world=None, out=print):
             f"{f', tp {cfg.tp}' if cfg.tp > 1 else ''}"
             f"{' + sequence parallel' if cfg.sequence_parallel else ''}"
             f"{f', cp {cfg.cp} ({cfg.cp_comm})' if cfg.cp > 1 else ''}"
-            f"{f', pp {cfg.pp} ({cfg.schedule}, vpp {cfg.vpp})' if cfg.pp > 1 else ''}); "
+            f"{f', pp {cfg.pp} ({cfg.schedule}, vpp {cfg.vpp})' if cfg.pp > 1 else ''}"
+            f"{f', ep {cfg.ep}' if cfg.ep > 1 else ''}); "
             f"GEMM peak {peak / 1e9:.0f} GFLOP/s")
         if resumed_from:
             out(f"train: resumed from {resumed_from} at step {start_step} "
@@ -447,8 +488,8 @@ def train(cfg, world=None, out=print):
         gradients are clipped to max_norm first when it is finite (inf: only measured)."""
         if cfg.zero:
             return opt.clip_grad_norm(max_norm) if math.isfinite(max_norm) else opt.grad_norm()
-        if mp_group is not None:
-            return tp_clip_grad_norm_(chunks, max_norm, mp_group)
+        if mp_group is not None or expert_group is not None:
+            return tp_clip_grad_norm_(chunks, max_norm, mp_group, expert_group)
         return td.nn.utils.clip_grad_norm_(params, max_norm).item()
 
     last, val_loss, t_train = None, None, 0.0
@@ -464,7 +505,8 @@ def train(cfg, world=None, out=print):
             if ddp is not None:
                 ddp.zero_grad()
             if moe:
-                model.reset_moe_stats()  # the step's statistics: all its micro-batches
+                for ch in chunks:
+                    ch.reset_moe_stats()  # the step's statistics: all its micro-batches
             loss_sum = 0.0
             loss_scale = scaler.scale if scaler is not None else 1.0
             # The factor backward is seeded with (x 1/accum below): the loss scale, or inf on
@@ -491,7 +533,7 @@ def train(cfg, world=None, out=print):
             if ddp is not None:
                 ddp.finish_grad_sync()
                 if pipe is not None and cfg.zero >= 2:
-                    pipe.sync_tied_embedding_shard(ddp)
+                    pipe.sync_tied_embedding_shard(getattr(ddp, "dense", ddp))
             max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
             applied = True
             if scaler is not None:
@@ -515,7 +557,8 @@ def train(cfg, world=None, out=print):
             if applied:
                 opt.step()
                 if moe and mcfg.moe_router_bias_update_rate > 0:
-                    update_moe_router_bias(model, dp_group)
+                    for ch in chunks:
+                        update_moe_router_bias(ch, dp_group)
             if ddp is None:
                 opt.zero_grad(set_to_none=True)
             if mem_device.type == "cuda":
@@ -527,7 +570,8 @@ def train(cfg, world=None, out=print):
             if moe:
                 # `loss` stays the cross-entropy, comparable with a dense run's and with
                 # val_loss; the auxiliary terms are reported apart (Note [MoE metrics]).
-                lm_loss, moe_rec = moe_step_metrics(model, loss_sum, accum, dp_group)
+                lm_loss, moe_rec = moe_step_metrics(chunks, loss_sum, accum, dp_group,
+                                                    pp_group)
                 loss_sum = lm_loss * accum
             rec = {"step": step, "loss": _mean_over_ranks(loss_sum / accum, world), "lr": lr,
                    "grad_norm": grad_norm, "tokens_per_s": global_batch * cfg.seq_len / dt,
@@ -566,7 +610,8 @@ def train(cfg, world=None, out=print):
                 parts = chunks if cfg.pp > 1 else model
                 path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
                                  loader.consumed_samples, data.tokenizer_dir, world, scaler,
-                                 fsdp.full_parameters() if fsdp is not None else None)
+                                 fsdp.full_parameters() if fsdp is not None else None,
+                                 grid.ep() if cfg.ep > 1 else None)
                 if is_main:
                     progress.write(f"train: saved {path}")
             if exiting:
@@ -576,7 +621,7 @@ def train(cfg, world=None, out=print):
         metrics.close()
 
     summary = {"event": "train_end", "step": step, "params": n_params, "dp": dp_size,
-               "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp,
+               "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep,
                "local_params": sum(ch.local_num_parameters() for ch in chunks),
                "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
                max(t_train, 1e-9)}
@@ -589,11 +634,13 @@ def train(cfg, world=None, out=print):
             summary["zero"] = cfg.zero
             summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
             summary["host_state_bytes"] = opt.host_state_bytes()
-            summary["grad_buffer_bytes"] = ddp._cpp.grad_buffer_bytes()
+            summary["grad_buffer_bytes"] = ddp.grad_buffer_bytes() if cfg.ep > 1 else \
+                ddp._cpp.grad_buffer_bytes()
     if moe:
         summary["num_experts"] = mcfg.num_experts
-        summary["moe_layers"] = model.num_moe_layers
-        summary["moe_bias_replicated"] = _moe_bias_replicated(model, dp_group)
+        layers = sum(ch.num_moe_layers for ch in chunks)
+        summary["moe_layers"] = int(_sum_over_group(layers, pp_group)) if pp_group else layers
+        summary["moe_bias_replicated"] = _moe_bias_replicated(chunks, dp_group)
     if scaler is not None:
         summary["loss_scale"] = scaler.scale
         summary["skipped_steps"] = scaler.skipped_steps
