@@ -1,8 +1,11 @@
-// tardelli._C.checkpoint: checkpoint directories (checkpoint/checkpoint.h) and the GPTConfig JSON
-// of the training-state layout (checkpoint/training_state.h). Type conversion only: JSON crosses
-// as text (python/tardelli/checkpoint.py turns it into dicts), tensors as [(name, Tensor)].
+// tardelli._C.checkpoint: checkpoint directories (checkpoint/checkpoint.h), the pieces of
+// layout-independent checkpoints (checkpoint/sharded_state.h: boxes cross as (offsets, sizes)
+// tuples) and the GPTConfig JSON of the training-state layout (checkpoint/training_state.h). Type
+// conversion only: JSON crosses as text (python/tardelli/checkpoint.py turns it into dicts),
+// tensors as [(name, Tensor)].
 #include "bind.h"
 #include "tardelli/checkpoint/checkpoint.h"
+#include "tardelli/checkpoint/sharded_state.h"
 #include "tardelli/checkpoint/training_state.h"
 
 namespace td::python {
@@ -88,6 +91,64 @@ void init_checkpoint(py::module_& m, TensorClass& /*cls*/) {
             return py::bytes(bytes);
           },
           "name"_a);
+
+  using BoxPair = std::pair<std::vector<int64_t>, std::vector<int64_t>>;  // (offsets, sizes)
+  using MapPair = std::pair<BoxPair, BoxPair>;                            // (local, global)
+  const auto box_of = [](const BoxPair& b) { return ck::Box{b.first, b.second}; };
+  const auto pair_of = [](const ck::Box& b) { return BoxPair{b.offsets, b.sizes}; };
+  const auto maps_of = [pair_of](const std::vector<ck::BoxMap>& ms) {
+    std::vector<MapPair> out;
+    for (const auto& m : ms) out.emplace_back(pair_of(m.local), pair_of(m.global));
+    return out;
+  };
+  cm.def(
+      "shard_placement",
+      [maps_of](int64_t dim, const std::vector<int64_t>& segments, int parts, int index,
+                const Shape& full) {
+        return maps_of(ck::shard_placement(nn::ShardSpec{dim, segments, parts, index}, full));
+      },
+      "dim"_a, "segments"_a, "parts"_a, "index"_a, "full_shape"_a);
+  cm.def(
+      "flat_range_boxes",
+      [pair_of](const Shape& shape, int64_t begin, int64_t end) {
+        std::vector<BoxPair> out;
+        for (const auto& b : ck::flat_range_boxes(shape, begin, end)) out.push_back(pair_of(b));
+        return out;
+      },
+      "shape"_a, "begin"_a, "end"_a);
+  cm.def(
+      "map_local_box",
+      [box_of, maps_of](const std::vector<MapPair>& placement, const BoxPair& local) {
+        std::vector<ck::BoxMap> ps;
+        for (const auto& [l, g] : placement) ps.push_back({box_of(l), box_of(g)});
+        return maps_of(ck::map_local_box(ps, box_of(local)));
+      },
+      "placement"_a, "local"_a);
+  // pieces: [(name, global_shape, (offsets, sizes), tensor)]
+  cm.def(
+      "write_pieces",
+      [box_of](ck::CheckpointWriter& w, int rank,
+               const std::vector<std::tuple<std::string, Shape, BoxPair, Tensor>>& pieces) {
+        std::vector<ck::GlobalPiece> ps;
+        for (const auto& [n, shape, box, t] : pieces) ps.push_back({n, shape, box_of(box), t});
+        py::gil_scoped_release release;
+        ck::write_pieces(w, rank, ps);
+      },
+      "writer"_a, "rank"_a, "pieces"_a);
+  py::class_<ck::PieceIndex>(cm, "PieceIndex")
+      .def(py::init<const ck::CheckpointReader&>(), "reader"_a, py::keep_alive<1, 2>(), nogil())
+      .def("has", &ck::PieceIndex::has, "name"_a)
+      .def("names", &ck::PieceIndex::names)
+      .def("global_shape", &ck::PieceIndex::global_shape, "name"_a)
+      .def(
+          "read",
+          [box_of](const ck::PieceIndex& x, const std::string& name, const BoxPair& box) {
+            py::gil_scoped_release release;
+            return x.read(name, box_of(box));
+          },
+          "name"_a, "box"_a)
+      .def("read_full", &ck::PieceIndex::read_full, "name"_a, nogil())
+      .def("release", &ck::PieceIndex::release);
 
   cm.def("step_dir_name", &ck::step_dir_name, "step"_a);
   cm.def("update_latest", &ck::update_latest, "root"_a, "name"_a, nogil());
