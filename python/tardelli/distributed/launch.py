@@ -6,6 +6,10 @@ through `mpirun -np N` (Open MPI or MPICH), with this interpreter (sys.executabl
 caller's environment (PYTHONPATH included). The exit status is the job's. Inside the program,
 td.distributed.init() joins the job; td.distributed.is_main_process() picks the rank that
 prints. `mpirun -np N python -m module ...` works as well: the launcher only saves typing.
+
+With --max-restarts N the launcher supervises the job: a rank that dies, or (with
+--heartbeat-timeout S) stops beating, makes it kill the whole job and start it again, up to N
+times (tardelli/distributed/supervisor.py; docs/distributed.md, "Supervised restarts").
 """
 import argparse
 import os
@@ -14,9 +18,12 @@ import signal
 import subprocess
 import sys
 
+from . import supervisor
+
 # Variables every rank needs from the launching shell. Open MPI forwards the environment only to
 # ranks on the local node; -x names them for the remote ones too.
-_FORWARD_ENV = ("PYTHONPATH", "TD_COMM_TIMEOUT_S", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
+_FORWARD_ENV = ("PYTHONPATH", "TD_COMM_TIMEOUT_S", "OMP_NUM_THREADS",
+                "LD_LIBRARY_PATH") + supervisor.ENV_NAMES
 
 
 def mpi_flavor(mpirun="mpirun"):
@@ -85,7 +92,8 @@ def _parse(argv):
     the first non-option argument on belongs to the program."""
     parser = argparse.ArgumentParser(
         prog="python -m tardelli.launch",
-        usage="%(prog)s --nproc N [--timeout S] [--max-time S] (-m module | script.py) [args...]")
+        usage="%(prog)s --nproc N [--timeout S] [--max-time S] [--max-restarts N "
+              "[--heartbeat-timeout S] [--startup-timeout S]] (-m module | script.py) [args...]")
     parser.add_argument("--nproc", "--nproc-per-node", "-n", type=int, required=True,
                         help="number of ranks")
     parser.add_argument("--timeout", type=float, default=None,
@@ -94,6 +102,16 @@ def _parse(argv):
                         help="seconds after which the whole job is killed (exit status 124)")
     parser.add_argument("--launcher-arg", action="append", default=[],
                         help="extra argument for mpirun/srun (repeatable)")
+    parser.add_argument("--max-restarts", type=int, default=None,
+                        help="supervise the job: restart all of it when a rank dies or hangs, "
+                             "at most N times (the program must resume from its checkpoints: "
+                             "tardelli.train needs --save DIR --resume)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=None,
+                        help="with --max-restarts: a rank whose heartbeat (written after every "
+                             "step by tardelli.train) stops for S seconds is hung")
+    parser.add_argument("--startup-timeout", type=float, default=None,
+                        help="with --heartbeat-timeout: seconds a rank may take to its first "
+                             "heartbeat (default: 600, or the heartbeat timeout if longer)")
     opts, program, i = [], None, 0
     while i < len(argv):
         a = argv[i]
@@ -109,15 +127,42 @@ def _parse(argv):
             program = argv[i:]
             break
         opts.append(a)
-        if "=" not in a and a in ("--nproc", "--nproc-per-node", "-n", "--timeout", "--max-time",
-                                  "--launcher-arg") and i + 1 < len(argv):
+        if "=" not in a and a in _VALUED and i + 1 < len(argv):
             opts.append(argv[i + 1])
             i += 1
         i += 1
     args = parser.parse_args(opts)
     if program is None:
         parser.error("give the program to run: -m module or script.py")
+    error = check_supervision_args(args)
+    if error:
+        parser.error(error)
     return args, program
+
+
+_VALUED = ("--nproc", "--nproc-per-node", "-n", "--timeout", "--max-time", "--launcher-arg",
+           "--max-restarts", "--heartbeat-timeout", "--startup-timeout")
+
+
+def check_supervision_args(args):
+    """The error message for inconsistent supervision options, or None; fills in the default
+    startup timeout."""
+    if args.max_restarts is None:
+        if args.heartbeat_timeout is not None or args.startup_timeout is not None:
+            return "--heartbeat-timeout and --startup-timeout need --max-restarts N " \
+                   "(0: detect failures without restarting)"
+        return None
+    if args.max_restarts < 0:
+        return f"--max-restarts must be >= 0, got {args.max_restarts}"
+    for name in ("heartbeat_timeout", "startup_timeout"):
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            return f"--{name.replace('_', '-')} must be a positive number of seconds, got {v}"
+    if args.startup_timeout is not None and args.heartbeat_timeout is None:
+        return "--startup-timeout needs --heartbeat-timeout"
+    if args.heartbeat_timeout is not None and args.startup_timeout is None:
+        args.startup_timeout = max(args.heartbeat_timeout, supervisor.DEFAULT_STARTUP_TIMEOUT)
+    return None
 
 
 def run(argv, env, max_time=None):
@@ -162,12 +207,22 @@ def main(argv=None):
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in [os.path.abspath(p) for p in paths]:
         env["PYTHONPATH"] = os.pathsep.join(paths + [root])
+    supervised = args.max_restarts is not None
+    if supervised:
+        # Present now so that build_command forwards them; supervise() sets each attempt's.
+        for name in supervisor.ENV_NAMES[:3]:
+            env.setdefault(name, "")
+        program = supervisor.wrapped_program(program)
     try:
         cmd, env = build_command(args.nproc, program, env=env,
                                  extra_launcher_args=args.launcher_arg)
     except (RuntimeError, ValueError) as e:
         print(str(e), file=sys.stderr)
         return 2
+    if supervised:
+        return supervisor.supervise(cmd, env, args.nproc, args.max_restarts,
+                                    args.heartbeat_timeout, args.startup_timeout or 0,
+                                    args.max_time)
     return run(cmd, env, max_time=args.max_time)
 
 

@@ -53,15 +53,19 @@ def format_log_line(rec, steps):
 class MetricsFile:
     """Appends one JSON object per step (flushed, so a crash loses at most the current line).
     A resumed run drops the lines of steps after the checkpoint it resumed from, so the file
-    always describes one history."""
+    always describes one history; with append=True (a restarted attempt of a supervised run,
+    Note [Supervised metrics] in trainer.py) it keeps them and adds its own after, so a step
+    may have several rows: effective_rows gives the history."""
 
-    def __init__(self, path, resume_step=None):
+    def __init__(self, path, resume_step=None, append=False):
         self.path = path
         if not path:
             self._f = None
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if resume_step is not None and os.path.exists(path):
+        if append:
+            self._f = open(path, "a")
+        elif resume_step is not None and os.path.exists(path):
             kept = [r for r in read_metrics(path) if r["step"] <= resume_step]
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
@@ -92,6 +96,17 @@ def read_metrics(path):
     return out
 
 
+def effective_rows(records):
+    """The history a metrics file describes: for each step, its last row (a restarted attempt
+    repeats the steps after its checkpoint), in step order; event rows ({"event": ...}, such as
+    a supervised restart's) are left out."""
+    last = {}
+    for r in records:
+        if "event" not in r:
+            last[r["step"]] = r
+    return [last[s] for s in sorted(last)]
+
+
 def plot_loss(records, path, title=""):
     """Writes the training (and validation) loss against the step as a PNG; returns False when
     matplotlib is not installed."""
@@ -101,6 +116,7 @@ def plot_loss(records, path, title=""):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    records = effective_rows(records)
     steps = [r["step"] for r in records]
     loss = [r["loss"] for r in records]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]

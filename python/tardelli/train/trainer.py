@@ -20,6 +20,7 @@ import time
 import tardelli as td
 
 from .. import _C
+from ..distributed import supervisor
 from . import config as C
 from . import report
 from . import state as ckpt
@@ -334,6 +335,10 @@ def train(cfg, world=None, out=print):
                             "pp); start the ranks with python -m tardelli.launch --nproc N)")
     dp_size = size // mp
     C.validate(cfg, dp_size)
+    attempt = supervisor.attempt()
+    if attempt is not None and not (cfg.resume and cfg.save):
+        raise C.ConfigError("under python -m tardelli.launch --max-restarts the job restarts "
+                            "from its latest checkpoint: give --save DIR --resume")
     grid = None
     if world is not None:
         # Megatron's rank order: tp fastest, then cp, dp, pp slowest; ep carved out of dp
@@ -478,8 +483,17 @@ def train(cfg, world=None, out=print):
         if resumed_from:
             out(f"train: resumed from {resumed_from} at step {start_step} "
                 f"({consumed} samples consumed)")
+    # Note [Supervised metrics]: a restarted attempt appends to the metrics file instead of
+    # trimming it, after a restart event row, so the file holds every attempt's rows; the
+    # effective history is the last row of each step (report.effective_rows).
     metrics = report.MetricsFile(cfg.metrics_file if is_main else "",
-                                 resume_step=start_step if cfg.resume else None)
+                                 resume_step=start_step if cfg.resume else None,
+                                 append=bool(attempt))
+    if attempt:
+        metrics.write({"event": "restart", "attempt": attempt, "step": start_step,
+                       "cause": supervisor.restart_cause()})
+    rank = world.rank if world is not None else 0
+    supervisor.heartbeat(rank, start_step)  # built and resumed: the first step may start
     progress = report.Progress(cfg.steps, start_step, cfg.progress and is_main)
     params = [p for _, p in named]
 
@@ -614,8 +628,10 @@ def train(cfg, world=None, out=print):
                                  grid.ep() if cfg.ep > 1 else None)
                 if is_main:
                     progress.write(f"train: saved {path}")
+            supervisor.heartbeat(rank, step)
             if exiting:
                 break
+        supervisor.heartbeat(rank, step, done=True)
     finally:
         progress.close()
         metrics.close()
