@@ -234,6 +234,11 @@ def _max_over_ranks(value, world):
     return int(t.item())
 
 
+def _any_over_ranks(flag, world):
+    """Whether `flag` holds on any rank of `world` (an int max: exact, whatever the order)."""
+    return bool(_max_over_ranks(bool(flag), world))
+
+
 def _sum_ints_over(rows, group):
     """Lists of ints summed elementwise over a process group (one all-reduce)."""
     flat = [int(x) for r in rows for x in r]
@@ -429,6 +434,8 @@ def train(cfg, world=None, out=print):
         scaler = _C.DynamicLossScaler(init_scale=cfg.initial_loss_scale,
                                       growth_interval=cfg.loss_scale_window)
     injected = C.inject_steps(cfg)
+    world_rank = world.rank if world is not None else 0
+    injected_loss = {s for s, r in C.inject_loss_steps(cfg) if r in (-1, world_rank)}
     accum = C.accumulation_steps(cfg, dp_size)
     global_batch = cfg.micro_batch_size * dp_size * accum
     pipe = None
@@ -439,6 +446,7 @@ def train(cfg, world=None, out=print):
 
     start_step, consumed = 0, 0
     resumed_from = None
+    skips = consecutive = 0  # steps skipped for non-finite values: all, and the latest run
     if cfg.resume:
         latest = td.checkpoint.find_latest(cfg.save)
         if latest is None:
@@ -448,6 +456,8 @@ def train(cfg, world=None, out=print):
             info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp)
             start_step, consumed = info["step"], info["consumed_samples"]
             resumed_from = latest
+            if info["nonfinite"] is not None:
+                skips, consecutive = info["nonfinite"]["skips"], info["nonfinite"]["consecutive"]
             if scaler is not None and info["loss_scaler"] is not None:
                 scaler.load_state_dict(info["loss_scaler"])
     loader = data.train_loader(consumed)
@@ -530,6 +540,8 @@ def train(cfg, world=None, out=print):
                     else:
                         scaled.backward()
                     loss_sum += loss.item()
+            if step + 1 in injected_loss:
+                loss_sum = math.nan  # --inject-nonfinite-loss: the gradients stay finite
             if ddp is not None:
                 ddp.finish_grad_sync()
                 if pipe is not None and cfg.zero >= 2:
@@ -554,6 +566,29 @@ def train(cfg, world=None, out=print):
                                     p.grad.mul_(factor)
             else:
                 grad_norm = grad_norm_clipped(max_norm)
+            # Note [Non-finite steps]: every rank must take the same decision, or the replicas
+            # part (and the next collective may hang). The gradient norm is global: every rank
+            # already holds the same value (Note [fp16 loss scaling]). The loss is this rank's:
+            # its mean over ranks (reported below) would turn one rank's nan into nan everywhere
+            # (an IEEE sum), but only after the update and, under MoE, after the metrics'
+            # collectives; a flag reduced with an int max is exact and independent of how the
+            # backend sums floats, so the loss is agreed on explicitly, one all-reduce, only
+            # under --on-nonfinite skip. Under fp16 a non-finite gradient is the loss scaler's
+            # (it skips and backs off, unchanged); only a non-finite loss is ours.
+            nonfinite = False
+            grad_bad = scaler is None and not math.isfinite(grad_norm)
+            if cfg.on_nonfinite == "skip":
+                # Every rank joins the all-reduce, whatever its own values.
+                loss_bad = _any_over_ranks(not math.isfinite(loss_sum), world)
+                nonfinite = grad_bad or loss_bad
+                skips += nonfinite
+                consecutive = consecutive + 1 if nonfinite else 0
+            elif grad_bad:
+                # Raise before the update: applied, it would put nan into every parameter.
+                raise RuntimeError(f"train: the gradient norm is {grad_norm} at step {step + 1} "
+                                   "(diverged; lower --lr, use --clip-grad or --on-nonfinite "
+                                   "skip)")
+            applied = applied and not nonfinite
             if applied:
                 opt.step()
                 if moe and mcfg.moe_router_bias_update_rate > 0:
@@ -587,10 +622,14 @@ def train(cfg, world=None, out=print):
             rec.update(moe_rec)
             if scaler is not None:
                 rec["loss_scale"] = loss_scale
+            if scaler is not None or cfg.on_nonfinite == "skip":
                 rec["skipped"] = not applied
-            if not math.isfinite(rec["loss"]):
+            if cfg.on_nonfinite == "skip":
+                rec["nonfinite_skips"] = skips
+            if not math.isfinite(rec["loss"]) and not nonfinite:
                 raise RuntimeError(f"train: the loss is {rec['loss']} at step {step} "
-                                   "(diverged; lower --lr or use --clip-grad)")
+                                   "(diverged; lower --lr, use --clip-grad or --on-nonfinite "
+                                   "skip)")
             if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
                 val_loss = evaluate(model, data.valid_loader(), cfg.eval_steps) \
                     if pipe is None else evaluate_pipeline(pipe, chunks, data.valid_loader(),
@@ -603,6 +642,12 @@ def train(cfg, world=None, out=print):
             if is_main and (step % cfg.log_interval == 0 or step == cfg.steps or
                             "val_loss" in rec):
                 progress.write(report.format_log_line(rec, cfg.steps))
+            if nonfinite and consecutive >= cfg.max_skipped_steps:
+                raise RuntimeError(
+                    f"train: step {step}: {consecutive} consecutive steps (steps "
+                    f"{step - consecutive + 1}-{step}) skipped for a non-finite loss or gradient "
+                    f"norm, the limit of --max-skipped-steps {cfg.max_skipped_steps} (diverged; "
+                    "lower --lr or use --clip-grad)")
             last = rec
             exiting = cfg.exit_interval and step % cfg.exit_interval == 0
             if cfg.save and (step == cfg.steps or exiting or
@@ -611,7 +656,9 @@ def train(cfg, world=None, out=print):
                 path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
                                  loader.consumed_samples, data.tokenizer_dir, world, scaler,
                                  fsdp.full_parameters() if fsdp is not None else None,
-                                 grid.ep() if cfg.ep > 1 else None)
+                                 grid.ep() if cfg.ep > 1 else None,
+                                 {"skips": skips, "consecutive": consecutive}
+                                 if cfg.on_nonfinite == "skip" else None)
                 if is_main:
                     progress.write(f"train: saved {path}")
             if exiting:
@@ -641,6 +688,8 @@ def train(cfg, world=None, out=print):
         layers = sum(ch.num_moe_layers for ch in chunks)
         summary["moe_layers"] = int(_sum_over_group(layers, pp_group)) if pp_group else layers
         summary["moe_bias_replicated"] = _moe_bias_replicated(chunks, dp_group)
+    if cfg.on_nonfinite == "skip":
+        summary["nonfinite_skips"] = skips
     if scaler is not None:
         summary["loss_scale"] = scaler.scale
         summary["skipped_steps"] = scaler.skipped_steps
