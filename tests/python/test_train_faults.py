@@ -1,7 +1,7 @@
-"""Fault tolerance of `python -m tardelli.train` (docs/training.md, "Non-finite steps"):
---on-nonfinite raise|skip with --max-skipped-steps (Note [Non-finite steps] in
-trainer.py), under fp32, fp16 loss scaling and two data-parallel ranks; the flags'
-validation."""
+"""Fault tolerance of `python -m tardelli.train` (docs/training.md, "Non-finite steps and
+stragglers"): --on-nonfinite raise|skip with --max-skipped-steps (Note [Non-finite steps] in
+trainer.py), under fp32, fp16 loss scaling and two data-parallel ranks; the per-rank compute /
+wait timings and the straggler log line (Note [Straggler report]); the flags' validation."""
 import json
 import math
 import os
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tardelli as td
+import cli_runner
 from tardelli.train import config as C
 from tardelli.train import train as train_in_process
 from tardelli.train.report import read_metrics
@@ -22,6 +23,7 @@ BASE = ["--synthetic-data", "--vocab-size", "256", "--layers", "2", "--d-model",
         "--heads", "2", "--seq-len", "16", "--micro-batch-size", "8", "--steps", "6",
         "--warmup-steps", "1", "--lr", "1e-2", "--no-progress", "--eval-interval", "0",
         "--log-interval", "1", "--ddp-bucket-mb", "0.05"]
+STRAGGLER = "train: straggler rank"
 
 needs_mpi = pytest.mark.skipif(not td.distributed.mpi_available(),
                                reason="built without MPI (TD_WITH_MPI=OFF)")
@@ -59,9 +61,11 @@ def assert_same(a, b):
 
 def test_fault_flag_defaults():
     # Property: without the new flags a run keeps today's behaviour (raise on a non-finite
-    # step) and allows 5 consecutive skips when asked to skip.
+    # step), allows 5 consecutive skips when asked to skip, and checks stragglers at 1.2 x.
     cfg, _ = C.parse_config(BASE)
-    assert (cfg.on_nonfinite, cfg.max_skipped_steps) == ("raise", 5)
+    assert (cfg.on_nonfinite, cfg.max_skipped_steps, cfg.straggler_threshold) == \
+        ("raise", 5, 1.2)
+    assert C.parse_config(BASE + ["--straggler-threshold", "0"])[0].straggler_threshold == 0
     assert C.inject_loss_steps(C.parse_config(BASE + ["--inject-nonfinite-loss", "3,5@1"])[0]) \
         == {(3, -1), (5, 1)}
 
@@ -69,6 +73,9 @@ def test_fault_flag_defaults():
 @pytest.mark.parametrize("argv, message", [
     (["--max-skipped-steps", "0"], "--max-skipped-steps must be >= 1, got 0"),
     (["--max-skipped-steps", "-2"], "--max-skipped-steps must be >= 1, got -2"),
+    (["--straggler-threshold", "-1"], r"--straggler-threshold must be 0 \(off\) or a ratio >= 1"),
+    (["--straggler-threshold", "0.5"], r"--straggler-threshold must be 0 \(off\) or a ratio"),
+    (["--straggler-threshold", "nan"], r"--straggler-threshold must be 0 \(off\) or a ratio"),
     (["--inject-nonfinite-loss", "x"], "--inject-nonfinite-loss must list STEP or STEP@RANK"),
     (["--inject-nonfinite-loss", "0"], "--inject-nonfinite-loss must list STEP or STEP@RANK"),
     (["--inject-nonfinite-loss", "3@-1"], "--inject-nonfinite-loss must list STEP or STEP@RANK"),
@@ -96,14 +103,14 @@ def test_unknown_on_nonfinite_value_is_refused(tmp_path, capsys):
 # ---- one process ----
 
 
-def test_skip_discards_the_update_and_the_step_still_counts(tmp_path):
+def test_skip_discards_the_update_and_the_step_still_counts(tmp_path, capsys):
     # Property (Note [Non-finite steps]): under --on-nonfinite skip a step whose gradient is
     # inf (step 3) or whose loss is nan (step 5) is skipped: the parameters and AdamW state
     # after it are bitwise those before it (checkpoints of every step), while an applied step
     # changes them. The step still counts: every step has a metrics row, the learning rate
     # follows the clean run's schedule, and the skipped step consumed its batch (step 3's loss,
     # computed before the skip, equals the clean run's). Rows say skipped and carry the running
-    # count.
+    # count; one process reports one-element timing lists with no wait, and no straggler line.
     clean, skip = tmp_path / "clean.jsonl", tmp_path / "skip.jsonl"
     save = str(tmp_path / "save")
     train("--metrics-file", str(clean))
@@ -124,6 +131,10 @@ def test_skip_discards_the_update_and_the_step_still_counts(tmp_path):
     assert_same(after[5], after[4])  # step 5 skipped
     for k in (4, 6):  # applied steps change the parameters
         assert any(not np.array_equal(after[k][n], after[k - 1][n]) for n in after[k])
+    for r in rows:
+        assert len(r["rank_compute_s"]) == 1 and r["rank_compute_s"][0] > 0
+        assert r["rank_wait_s"] == [0.0]
+    assert STRAGGLER not in capsys.readouterr().out
 
 
 def test_raise_stops_at_the_nonfinite_step(tmp_path):
@@ -210,3 +221,28 @@ def test_two_ranks_agree_on_a_nan_loss_of_one_rank(tmp_path):
     assert math.isnan(rows[2]["loss"]) and s["nonfinite_skips"] == 1
     assert [rows[i]["loss"] for i in (0, 1, 3, 4)] == [ref[i]["loss"] for i in (0, 1, 3, 4)]
     assert_same(tensors(save, 3), tensors(save, 2))
+
+
+@needs_mpi
+def test_straggler_is_named_and_timings_are_per_rank(tmp_path, monkeypatch):
+    # Property (Note [Straggler report]): with rank 1 sleeping 0.3 s in every step's compute
+    # (TD_TEST_SLOW_RANK, a test aid), every metrics row holds both ranks' compute and wait
+    # times: rank 1 computes >= 0.3 s while rank 0 waits for it (its wait >= 0.2 s, its compute
+    # far below rank 1's). The log names rank 1 (never rank 0), at most once per --log-interval
+    # (2) steps: at steps 1 and 3 of 4. --straggler-threshold 0 turns the line off.
+    monkeypatch.setitem(cli_runner.ENV, "TD_TEST_SLOW_RANK", "1:0.3")
+    m = tmp_path / "m.jsonl"
+    _, out = train_ranks(2, "--micro-batch-size", "4", "--steps", "4", "--log-interval", "2",
+                         "--metrics-file", m)
+    rows = read_metrics(m)
+    assert len(rows) == 4
+    for r in rows:
+        compute, wait = r["rank_compute_s"], r["rank_wait_s"]
+        assert len(compute) == 2 and len(wait) == 2, r
+        assert compute[1] >= 0.3 and wait[0] >= 0.2 and compute[0] < compute[1] / 1.5, r
+    lines = [x for x in out.splitlines() if x.startswith(STRAGGLER)]
+    assert len(lines) == 2 and all(x.startswith("train: straggler rank 1: compute ")
+                                   and x.endswith(" x the median") for x in lines), out
+    _, out = train_ranks(2, "--micro-batch-size", "4", "--steps", "2",
+                         "--straggler-threshold", "0")
+    assert STRAGGLER not in out

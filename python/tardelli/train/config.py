@@ -148,6 +148,9 @@ class TrainConfig:
     max_skipped_steps: int = field(default=5, metadata=dict(
         help="with --on-nonfinite skip: stop with an error after this many consecutive "
              "skipped steps"))
+    straggler_threshold: float = field(default=1.2, metadata=dict(
+        help="log a rank whose step compute time exceeds this ratio x the median over ranks "
+             "(at most once per --log-interval steps; 0: off)"))
 
     @property
     def min_lr_value(self):
@@ -380,6 +383,10 @@ def validate(cfg, dp_size=1):
          f"separated by commas, got {cfg.inject_nonfinite_loss!r}")
     need(cfg.max_skipped_steps >= 1,
          f"--max-skipped-steps must be >= 1, got {cfg.max_skipped_steps}")
+    need(math.isfinite(cfg.straggler_threshold) and
+         (cfg.straggler_threshold == 0 or cfg.straggler_threshold >= 1),
+         f"--straggler-threshold must be 0 (off) or a ratio >= 1, got "
+         f"{cfg.straggler_threshold}")
     gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
     need(gbs % (cfg.micro_batch_size * dp_size) == 0,
          f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "

@@ -15,6 +15,7 @@ uninterrupted run's losses bitwise (tests/python/test_train.py checks it).
 import json
 import math
 import os
+import statistics
 import time
 
 import tardelli as td
@@ -239,6 +240,63 @@ def _any_over_ranks(flag, world):
     return bool(_max_over_ranks(bool(flag), world))
 
 
+def job_communicators(grid):
+    """The communicators of a job's process grid (world and every built group, each once):
+    whatever the layout (dp, tp, cp, pp, ep), the training step communicates only on these."""
+    if grid is None:
+        return []
+    comms = [grid.world()]
+    for name in grid.group_names():
+        c = grid.group(name)
+        if all(c is not d for d in comms):
+            comms.append(c)
+    return comms
+
+
+def comm_blocked_seconds(comms):
+    """Seconds this rank's callers have spent blocked in `comms` so far: collectives (their
+    consistency checks included), sends, receives and Work waits (Communicator.stats(), Note
+    [Communication accounting] in src/distributed/communicator.cpp)."""
+    return sum(c.stats()["seconds"] for c in comms)
+
+
+def gather_step_times(compute, wait, world):
+    """Every world rank's (compute, wait) seconds of this step as two lists indexed by world
+    rank: one all-gather of two floats per rank (single-element lists for one process)."""
+    if world is None or world.size == 1:
+        return [compute], [wait]
+    out = td.zeros(2 * world.size, dtype=td.float32)
+    world.all_gather(out, td.tensor([compute, wait], dtype=td.float32))
+    flat = out.tolist()
+    return flat[0::2], flat[1::2]
+
+
+def stragglers(compute, threshold):
+    """[(world rank, ratio)] of the ranks whose compute time exceeds `threshold` x the median
+    over ranks; none for one rank or threshold 0."""
+    if threshold <= 0 or len(compute) < 2:
+        return []
+    median = statistics.median(compute)
+    if median <= 0:
+        return []
+    return [(r, c / median) for r, c in enumerate(compute) if c > threshold * median]
+
+
+def slow_rank_seconds(rank):
+    """Testing aid: the env var TD_TEST_SLOW_RANK="RANK:SECONDS" makes world rank RANK sleep
+    SECONDS in every step's compute (a simulated straggler); 0.0 on the other ranks or unset."""
+    spec = os.environ.get("TD_TEST_SLOW_RANK", "")
+    if not spec:
+        return 0.0
+    try:
+        r, seconds = spec.split(":")
+        r, seconds = int(r), float(seconds)
+    except ValueError:
+        raise C.ConfigError(f"TD_TEST_SLOW_RANK={spec!r}: expected RANK:SECONDS, e.g. 1:0.5") \
+            from None
+    return seconds if r == rank else 0.0
+
+
 def _sum_ints_over(rows, group):
     """Lists of ints summed elementwise over a process group (one all-reduce)."""
     flat = [int(x) for r in rows for x in r]
@@ -436,6 +494,7 @@ def train(cfg, world=None, out=print):
     injected = C.inject_steps(cfg)
     world_rank = world.rank if world is not None else 0
     injected_loss = {s for s, r in C.inject_loss_steps(cfg) if r in (-1, world_rank)}
+    slow_s = slow_rank_seconds(world_rank)
     accum = C.accumulation_steps(cfg, dp_size)
     global_batch = cfg.micro_batch_size * dp_size * accum
     pipe = None
@@ -504,6 +563,20 @@ def train(cfg, world=None, out=print):
 
     last, val_loss, t_train = None, None, 0.0
     peak_rank = peak_max_rank = 0  # allocator peaks over the steps: rank 0's, every rank's
+    straggler_logged = -math.inf  # the last step that logged a straggler
+    # Note [Straggler report]: each step, every rank splits its step time into wait (seconds
+    # blocked in any of the job's communicators: gradient reductions, tp/cp/ep collectives,
+    # pipeline sends and receives, the non-finite agreement) and compute (the rest), and rank 0
+    # gathers both (one all-gather over the world, after the timed step). In a synchronous job
+    # every rank's step takes as long as the slowest's, so a straggler shows as the rank whose
+    # compute is large while the others wait for it. The wait is not the DDP's
+    # last_wait_seconds(): that times only the final drain in finish_grad_sync, while with the
+    # communicators' consistency check (on by default) a bucket's launch during backward
+    # already blocks until every rank has reached it; the fast ranks' waiting would then count
+    # as compute (measured: 2 ranks, one sleeping 0.2 s a step, both "computed" 0.21 s). A
+    # rank whose compute exceeds --straggler-threshold x the median is logged, at most one
+    # step's report per --log-interval steps (the metrics file has every step's numbers).
+    comms = job_communicators(grid)
     step = start_step
     try:
         while step < cfg.steps:
@@ -511,7 +584,7 @@ def train(cfg, world=None, out=print):
             for g in opt.param_groups:
                 g["lr"] = lr
             td.reset_peak_memory_stats(mem_device)
-            t0 = time.perf_counter()
+            t0, blocked0 = time.perf_counter(), comm_blocked_seconds(comms)
             if ddp is not None:
                 ddp.zero_grad()
             if moe:
@@ -522,6 +595,8 @@ def train(cfg, world=None, out=print):
             # The factor backward is seeded with (x 1/accum below): the loss scale, or inf on
             # a step of --inject-nonfinite-grad.
             backward_seed = loss_scale * (math.inf if step + 1 in injected else 1.0)
+            if slow_s:
+                time.sleep(slow_s)  # TD_TEST_SLOW_RANK: this rank computes slower
             if pipe is not None:
                 # The schedule interleaves the micro-batches' forwards and backwards; the DDP
                 # reduction runs once after it (finish_grad_sync).
@@ -599,8 +674,10 @@ def train(cfg, world=None, out=print):
             if mem_device.type == "cuda":
                 td.cuda.synchronize()  # the step's time includes its queued GPU work
             dt = time.perf_counter() - t0
+            wait = comm_blocked_seconds(comms) - blocked0  # Note [Straggler report]
             t_train += dt
             step += 1
+            rank_compute, rank_wait = gather_step_times(max(dt - wait, 0.0), wait, world)
             moe_rec = {}
             if moe:
                 # `loss` stays the cross-entropy, comparable with a dense run's and with
@@ -616,6 +693,7 @@ def train(cfg, world=None, out=print):
             peak_rank = max(peak_rank, rec["mem_bytes"])
             rec["peak_mem_bytes_max_rank"] = _max_over_ranks(rec["mem_bytes"], world)
             peak_max_rank = max(peak_max_rank, rec["peak_mem_bytes_max_rank"])
+            rec["rank_compute_s"], rec["rank_wait_s"] = rank_compute, rank_wait
             for k in ("moe_aux_loss", "moe_z_loss"):
                 if k in moe_rec:
                     moe_rec[k] = _mean_over_ranks(moe_rec[k], world)
@@ -642,6 +720,12 @@ def train(cfg, world=None, out=print):
             if is_main and (step % cfg.log_interval == 0 or step == cfg.steps or
                             "val_loss" in rec):
                 progress.write(report.format_log_line(rec, cfg.steps))
+            slow = stragglers(rank_compute, cfg.straggler_threshold) if is_main else []
+            if slow and step - straggler_logged >= cfg.log_interval:
+                straggler_logged = step  # at most one report per --log-interval steps
+                for r, ratio in slow:
+                    progress.write(f"train: straggler rank {r}: compute {rank_compute[r]:.3f} s "
+                                   f"is {ratio:.2f} x the median")
             if nonfinite and consecutive >= cfg.max_skipped_steps:
                 raise RuntimeError(
                     f"train: step {step}: {consecutive} consecutive steps (steps "
