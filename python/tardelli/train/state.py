@@ -332,9 +332,10 @@ def load(path, model, opt, cfg, world=None, fsdp=None):
     """Restores model, optimizer and RNG state from the step directory `path` into freshly
     built objects; refuses a checkpoint of another model (naming every differing field).
     Returns {"step", "consumed_samples", "loss_scaler", "nonfinite"} (the last two None when
-    the checkpoint holds no fp16 loss-scaler state or --on-nonfinite counters). fsdp: the ZeRO-3 wrapper, whose shards take the
-    parameters (the model's own tensors hold no values between uses). An expert-parallel model
-    keeps its slice of the saved experts (Note [Experts in checkpoints])."""
+    the checkpoint holds no fp16 loss-scaler state or --on-nonfinite counters). fsdp: the
+    ZeRO-3 wrapper, whose shards take the parameters (the model's own tensors hold no values
+    between uses). An expert-parallel model keeps its slice of the saved experts (Note [Experts
+    in checkpoints])."""
     reader = td.checkpoint.CheckpointReader(path)
     reader.verify()
     meta = reader.meta()
