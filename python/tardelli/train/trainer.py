@@ -648,15 +648,19 @@ def train(cfg, world=None, out=print):
             # (an IEEE sum), but only after the update and, under MoE, after the metrics'
             # collectives; a flag reduced with an int max is exact and independent of how the
             # backend sums floats, so the loss is agreed on explicitly, one all-reduce, only
-            # under --on-nonfinite skip. Under fp16 a non-finite gradient is the loss scaler's
-            # (it skips and backs off, unchanged); only a non-finite loss is ours.
+            # under --on-nonfinite skip (tests/python/test_train_faults.py checks a nan on rank 1
+            # only skips both ranks, and does reach rank 0's reported mean). Under --on-nonfinite
+            # raise a non-finite gradient norm stops the run before the update and a non-finite
+            # mean loss after it (as before the flag existed). Under fp16 a non-finite gradient
+            # is the loss scaler's (it skips and backs off, unchanged); only a non-finite loss
+            # is ours.
             nonfinite = False
             grad_bad = scaler is None and not math.isfinite(grad_norm)
             if cfg.on_nonfinite == "skip":
                 # Every rank joins the all-reduce, whatever its own values.
                 loss_bad = _any_over_ranks(not math.isfinite(loss_sum), world)
                 nonfinite = grad_bad or loss_bad
-                skips += nonfinite
+                skips += int(nonfinite)
                 consecutive = consecutive + 1 if nonfinite else 0
             elif grad_bad:
                 # Raise before the update: applied, it would put nan into every parameter.
