@@ -137,6 +137,20 @@ class TrainConfig:
     inject_nonfinite_grad: str = field(default="", metadata=dict(
         help="testing aid: comma-separated steps (1-based) whose backward is seeded with inf "
              "on every rank, so their gradients are non-finite (exercises fp16 step skipping)"))
+    inject_nonfinite_loss: str = field(default="", metadata=dict(
+        help="testing aid: comma-separated STEP or STEP@RANK (1-based steps, RANK a world "
+             "rank; default every rank) whose loss is reported as nan on that rank while the "
+             "gradients stay finite (exercises --on-nonfinite)"))
+    # ---- fault tolerance ----
+    on_nonfinite: str = field(default="raise", metadata=dict(
+        help="a step whose loss or gradient norm is inf/nan on any rank: raise (stop with an "
+             "error naming the step) | skip (discard its update; the step still counts)"))
+    max_skipped_steps: int = field(default=5, metadata=dict(
+        help="with --on-nonfinite skip: stop with an error after this many consecutive "
+             "skipped steps"))
+    straggler_threshold: float = field(default=1.2, metadata=dict(
+        help="log a rank whose step compute time exceeds this ratio x the median over ranks "
+             "(at most once per --log-interval steps; 0: off)"))
 
     @property
     def min_lr_value(self):
@@ -150,7 +164,8 @@ _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "schedule": ("gpipe", "1f1b", "interleaved", "zb"),
             "lr_decay_style": ("cosine", "linear", "constant"),
-            "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a")}
+            "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a"),
+            "on_nonfinite": ("raise", "skip")}
 
 
 def _coerce(name, value, source):
@@ -359,6 +374,19 @@ def validate(cfg, dp_size=1):
     need(injected is not None and all(s >= 1 for s in injected),
          f"--inject-nonfinite-grad must list step numbers >= 1 separated by commas, got "
          f"{cfg.inject_nonfinite_grad!r}")
+    try:
+        injected = inject_loss_steps(cfg)
+    except ValueError:
+        injected = None
+    need(injected is not None and all(s >= 1 for s, _ in injected),
+         f"--inject-nonfinite-loss must list STEP or STEP@RANK (steps >= 1, ranks >= 0) "
+         f"separated by commas, got {cfg.inject_nonfinite_loss!r}")
+    need(cfg.max_skipped_steps >= 1,
+         f"--max-skipped-steps must be >= 1, got {cfg.max_skipped_steps}")
+    need(math.isfinite(cfg.straggler_threshold) and
+         (cfg.straggler_threshold == 0 or cfg.straggler_threshold >= 1),
+         f"--straggler-threshold must be 0 (off) or a ratio >= 1, got "
+         f"{cfg.straggler_threshold}")
     gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
     need(gbs % (cfg.micro_batch_size * dp_size) == 0,
          f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
@@ -432,6 +460,20 @@ def accumulation_steps(cfg, dp_size=1):
 def inject_steps(cfg):
     """The steps of --inject-nonfinite-grad as a set of ints (ValueError when malformed)."""
     return {int(x) for x in cfg.inject_nonfinite_grad.split(",") if x.strip()}
+
+
+def inject_loss_steps(cfg):
+    """The items of --inject-nonfinite-loss as a set of (step, world rank) pairs, rank -1 for
+    every rank (ValueError when malformed)."""
+    out = set()
+    for item in cfg.inject_nonfinite_loss.split(","):
+        if item.strip():
+            step, at, rank = item.partition("@")
+            rank = int(rank) if at else -1
+            if at and rank < 0:
+                raise ValueError(item)
+            out.add((int(step), rank))
+    return out
 
 
 def split_ratios(cfg):

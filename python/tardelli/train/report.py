@@ -45,6 +45,10 @@ def format_log_line(rec, steps):
                  f"max load {rec['moe_max_load']:.2f}x dropped {rec['moe_dropped_tokens']}")
     if "loss_scale" in rec:
         line += f" | loss scale {rec['loss_scale']:g}" + (" (skipped)" if rec["skipped"] else "")
+    elif rec.get("skipped"):
+        line += " | skipped"
+    if rec.get("nonfinite_skips"):
+        line += f" | non-finite skips {rec['nonfinite_skips']}"
     if "val_loss" in rec:
         line += f" | val loss {rec['val_loss']:.4f}"
     return line

@@ -227,7 +227,7 @@ def _zero_tensors(opt, rank, size, stage=1):
 
 
 def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
-         world=None, loss_scaler=None, params=None, ep_group=None):
+         world=None, loss_scaler=None, params=None, ep_group=None, nonfinite=None):
     """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
     Data parallel: rank 0 writes the model (replicated) and the metadata; with ZeRO-1 every
     rank also writes its optimizer shard (Note [Sharded saving] in checkpoint.h: rank 0
@@ -235,7 +235,8 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     run's td._C.DynamicLossScaler, whose state goes into meta.json ("loss_scaler"). `params`:
     the parameters to write instead of the model's (ZeRO-3: FullyShardedDataParallel.
     full_parameters(), gathered by every rank before the call). `ep_group`: the expert-parallel
-    group, over which the experts are gathered (Note [Experts in checkpoints])."""
+    group, over which the experts are gathered (Note [Experts in checkpoints]). `nonfinite`: the
+    --on-nonfinite skip counters ({"skips", "consecutive"}), into meta.json ("nonfinite")."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     sharded = bool(cfg.zero)
     first = _chunks(model)[0]
@@ -306,6 +307,8 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
         }
         if loss_scaler is not None:
             meta["loss_scaler"] = loss_scaler.state_dict()
+        if nonfinite is not None:
+            meta["nonfinite"] = dict(nonfinite)
         writer.commit(meta, num_writers)
         td.checkpoint.update_latest(root, name)
     if world is not None:
@@ -328,10 +331,11 @@ def load_model(path):
 def load(path, model, opt, cfg, world=None, fsdp=None):
     """Restores model, optimizer and RNG state from the step directory `path` into freshly
     built objects; refuses a checkpoint of another model (naming every differing field).
-    Returns {"step", "consumed_samples", "loss_scaler"} (the last None when the checkpoint
-    holds no fp16 loss-scaler state). fsdp: the ZeRO-3 wrapper, whose shards take the
-    parameters (the model's own tensors hold no values between uses). An expert-parallel model
-    keeps its slice of the saved experts (Note [Experts in checkpoints])."""
+    Returns {"step", "consumed_samples", "loss_scaler", "nonfinite"} (the last two None when
+    the checkpoint holds no fp16 loss-scaler state or --on-nonfinite counters). fsdp: the
+    ZeRO-3 wrapper, whose shards take the parameters (the model's own tensors hold no values
+    between uses). An expert-parallel model keeps its slice of the saved experts (Note [Experts
+    in checkpoints])."""
     reader = td.checkpoint.CheckpointReader(path)
     reader.verify()
     meta = reader.meta()
@@ -401,7 +405,7 @@ def load(path, model, opt, cfg, world=None, fsdp=None):
         r = meta["rng"]["dropout"]
         first.dropout_generator.set_state((r["seed"], r["offset"], r["subsequence"]))
     return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"],
-            "loss_scaler": meta.get("loss_scaler")}
+            "loss_scaler": meta.get("loss_scaler"), "nonfinite": meta.get("nonfinite")}
 
 
 def _load_sharded_model(reader, path, model, fsdp, f, split):

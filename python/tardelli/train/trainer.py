@@ -15,6 +15,7 @@ uninterrupted run's losses bitwise (tests/python/test_train.py checks it).
 import json
 import math
 import os
+import statistics
 import time
 
 import tardelli as td
@@ -235,6 +236,68 @@ def _max_over_ranks(value, world):
     return int(t.item())
 
 
+def _any_over_ranks(flag, world):
+    """Whether `flag` holds on any rank of `world` (an int max: exact, whatever the order)."""
+    return bool(_max_over_ranks(bool(flag), world))
+
+
+def job_communicators(grid):
+    """The communicators of a job's process grid (world and every built group, each once):
+    whatever the layout (dp, tp, cp, pp, ep), the training step communicates only on these."""
+    if grid is None:
+        return []
+    comms = [grid.world()]
+    for name in grid.group_names():
+        c = grid.group(name)
+        if all(c is not d for d in comms):
+            comms.append(c)
+    return comms
+
+
+def comm_blocked_seconds(comms):
+    """Seconds this rank's callers have spent blocked in `comms` so far: collectives (their
+    consistency checks included), sends, receives and Work waits (Communicator.stats(), Note
+    [Communication accounting] in src/distributed/communicator.cpp)."""
+    return sum(c.stats()["seconds"] for c in comms)
+
+
+def gather_step_times(compute, wait, world):
+    """Every world rank's (compute, wait) seconds of this step as two lists indexed by world
+    rank: one all-gather of two floats per rank (single-element lists for one process)."""
+    if world is None or world.size == 1:
+        return [compute], [wait]
+    out = td.zeros(2 * world.size, dtype=td.float32)
+    world.all_gather(out, td.tensor([compute, wait], dtype=td.float32))
+    flat = out.tolist()
+    return flat[0::2], flat[1::2]
+
+
+def stragglers(compute, threshold):
+    """[(world rank, ratio)] of the ranks whose compute time exceeds `threshold` x the median
+    over ranks; none for one rank or threshold 0."""
+    if threshold <= 0 or len(compute) < 2:
+        return []
+    median = statistics.median(compute)
+    if median <= 0:
+        return []
+    return [(r, c / median) for r, c in enumerate(compute) if c > threshold * median]
+
+
+def slow_rank_seconds(rank):
+    """Testing aid: the env var TD_TEST_SLOW_RANK="RANK:SECONDS" makes world rank RANK sleep
+    SECONDS in every step's compute (a simulated straggler); 0.0 on the other ranks or unset."""
+    spec = os.environ.get("TD_TEST_SLOW_RANK", "")
+    if not spec:
+        return 0.0
+    try:
+        r, seconds = spec.split(":")
+        r, seconds = int(r), float(seconds)
+    except ValueError:
+        raise C.ConfigError(f"TD_TEST_SLOW_RANK={spec!r}: expected RANK:SECONDS, e.g. 1:0.5") \
+            from None
+    return seconds if r == rank else 0.0
+
+
 def _sum_ints_over(rows, group):
     """Lists of ints summed elementwise over a process group (one all-reduce)."""
     flat = [int(x) for r in rows for x in r]
@@ -434,6 +497,9 @@ def train(cfg, world=None, out=print):
         scaler = _C.DynamicLossScaler(init_scale=cfg.initial_loss_scale,
                                       growth_interval=cfg.loss_scale_window)
     injected = C.inject_steps(cfg)
+    world_rank = world.rank if world is not None else 0
+    injected_loss = {s for s, r in C.inject_loss_steps(cfg) if r in (-1, world_rank)}
+    slow_s = slow_rank_seconds(world_rank)
     accum = C.accumulation_steps(cfg, dp_size)
     global_batch = cfg.micro_batch_size * dp_size * accum
     pipe = None
@@ -444,6 +510,7 @@ def train(cfg, world=None, out=print):
 
     start_step, consumed = 0, 0
     resumed_from = None
+    skips = consecutive = 0  # steps skipped for non-finite values: all, and the latest run
     if cfg.resume:
         latest = td.checkpoint.find_latest(cfg.save)
         if latest is None:
@@ -453,6 +520,8 @@ def train(cfg, world=None, out=print):
             info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp)
             start_step, consumed = info["step"], info["consumed_samples"]
             resumed_from = latest
+            if info["nonfinite"] is not None:
+                skips, consecutive = info["nonfinite"]["skips"], info["nonfinite"]["consecutive"]
             if scaler is not None and info["loss_scaler"] is not None:
                 scaler.load_state_dict(info["loss_scaler"])
     loader = data.train_loader(consumed)
@@ -508,6 +577,20 @@ def train(cfg, world=None, out=print):
 
     last, val_loss, t_train = None, None, 0.0
     peak_rank = peak_max_rank = 0  # allocator peaks over the steps: rank 0's, every rank's
+    straggler_logged = -math.inf  # the last step that logged a straggler
+    # Note [Straggler report]: each step, every rank splits its step time into wait (seconds
+    # blocked in any of the job's communicators: gradient reductions, tp/cp/ep collectives,
+    # pipeline sends and receives, the non-finite agreement) and compute (the rest), and rank 0
+    # gathers both (one all-gather over the world, after the timed step). In a synchronous job
+    # every rank's step takes as long as the slowest's, so a straggler shows as the rank whose
+    # compute is large while the others wait for it. The wait is not the DDP's
+    # last_wait_seconds(): that times only the final drain in finish_grad_sync, while with the
+    # communicators' consistency check (on by default) a bucket's launch during backward
+    # already blocks until every rank has reached it; the fast ranks' waiting would then count
+    # as compute (measured: 2 ranks, one sleeping 0.2 s a step, both "computed" 0.21 s). A
+    # rank whose compute exceeds --straggler-threshold x the median is logged, at most one
+    # step's report per --log-interval steps (the metrics file has every step's numbers).
+    comms = job_communicators(grid)
     step = start_step
     try:
         while step < cfg.steps:
@@ -515,7 +598,7 @@ def train(cfg, world=None, out=print):
             for g in opt.param_groups:
                 g["lr"] = lr
             td.reset_peak_memory_stats(mem_device)
-            t0 = time.perf_counter()
+            t0, blocked0 = time.perf_counter(), comm_blocked_seconds(comms)
             if ddp is not None:
                 ddp.zero_grad()
             if moe:
@@ -526,6 +609,8 @@ def train(cfg, world=None, out=print):
             # The factor backward is seeded with (x 1/accum below): the loss scale, or inf on
             # a step of --inject-nonfinite-grad.
             backward_seed = loss_scale * (math.inf if step + 1 in injected else 1.0)
+            if slow_s:
+                time.sleep(slow_s)  # TD_TEST_SLOW_RANK: this rank computes slower
             if pipe is not None:
                 # The schedule interleaves the micro-batches' forwards and backwards; the DDP
                 # reduction runs once after it (finish_grad_sync).
@@ -544,6 +629,8 @@ def train(cfg, world=None, out=print):
                     else:
                         scaled.backward()
                     loss_sum += loss.item()
+            if step + 1 in injected_loss:
+                loss_sum = math.nan  # --inject-nonfinite-loss: the gradients stay finite
             if ddp is not None:
                 ddp.finish_grad_sync()
                 if pipe is not None and cfg.zero >= 2:
@@ -568,6 +655,33 @@ def train(cfg, world=None, out=print):
                                     p.grad.mul_(factor)
             else:
                 grad_norm = grad_norm_clipped(max_norm)
+            # Note [Non-finite steps]: every rank must take the same decision, or the replicas
+            # part (and the next collective may hang). The gradient norm is global: every rank
+            # already holds the same value (Note [fp16 loss scaling]). The loss is this rank's:
+            # its mean over ranks (reported below) would turn one rank's nan into nan everywhere
+            # (an IEEE sum), but only after the update and, under MoE, after the metrics'
+            # collectives; a flag reduced with an int max is exact and independent of how the
+            # backend sums floats, so the loss is agreed on explicitly, one all-reduce, only
+            # under --on-nonfinite skip (tests/python/test_train_faults.py checks a nan on rank 1
+            # only skips both ranks, and does reach rank 0's reported mean). Under --on-nonfinite
+            # raise a non-finite gradient norm stops the run before the update and a non-finite
+            # mean loss after it (as before the flag existed). Under fp16 a non-finite gradient
+            # is the loss scaler's (it skips and backs off, unchanged); only a non-finite loss
+            # is ours.
+            nonfinite = False
+            grad_bad = scaler is None and not math.isfinite(grad_norm)
+            if cfg.on_nonfinite == "skip":
+                # Every rank joins the all-reduce, whatever its own values.
+                loss_bad = _any_over_ranks(not math.isfinite(loss_sum), world)
+                nonfinite = grad_bad or loss_bad
+                skips += int(nonfinite)
+                consecutive = consecutive + 1 if nonfinite else 0
+            elif grad_bad:
+                # Raise before the update: applied, it would put nan into every parameter.
+                raise RuntimeError(f"train: the gradient norm is {grad_norm} at step {step + 1} "
+                                   "(diverged; lower --lr, use --clip-grad or --on-nonfinite "
+                                   "skip)")
+            applied = applied and not nonfinite
             if applied:
                 opt.step()
                 if moe and mcfg.moe_router_bias_update_rate > 0:
@@ -578,8 +692,10 @@ def train(cfg, world=None, out=print):
             if mem_device.type == "cuda":
                 td.cuda.synchronize()  # the step's time includes its queued GPU work
             dt = time.perf_counter() - t0
+            wait = comm_blocked_seconds(comms) - blocked0  # Note [Straggler report]
             t_train += dt
             step += 1
+            rank_compute, rank_wait = gather_step_times(max(dt - wait, 0.0), wait, world)
             moe_rec = {}
             if moe:
                 # `loss` stays the cross-entropy, comparable with a dense run's and with
@@ -595,16 +711,21 @@ def train(cfg, world=None, out=print):
             peak_rank = max(peak_rank, rec["mem_bytes"])
             rec["peak_mem_bytes_max_rank"] = _max_over_ranks(rec["mem_bytes"], world)
             peak_max_rank = max(peak_max_rank, rec["peak_mem_bytes_max_rank"])
+            rec["rank_compute_s"], rec["rank_wait_s"] = rank_compute, rank_wait
             for k in ("moe_aux_loss", "moe_z_loss"):
                 if k in moe_rec:
                     moe_rec[k] = _mean_over_ranks(moe_rec[k], world)
             rec.update(moe_rec)
             if scaler is not None:
                 rec["loss_scale"] = loss_scale
+            if scaler is not None or cfg.on_nonfinite == "skip":
                 rec["skipped"] = not applied
-            if not math.isfinite(rec["loss"]):
+            if cfg.on_nonfinite == "skip":
+                rec["nonfinite_skips"] = skips
+            if not math.isfinite(rec["loss"]) and not nonfinite:
                 raise RuntimeError(f"train: the loss is {rec['loss']} at step {step} "
-                                   "(diverged; lower --lr or use --clip-grad)")
+                                   "(diverged; lower --lr, use --clip-grad or --on-nonfinite "
+                                   "skip)")
             if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
                 val_loss = evaluate(model, data.valid_loader(), cfg.eval_steps) \
                     if pipe is None else evaluate_pipeline(pipe, chunks, data.valid_loader(),
@@ -617,6 +738,18 @@ def train(cfg, world=None, out=print):
             if is_main and (step % cfg.log_interval == 0 or step == cfg.steps or
                             "val_loss" in rec):
                 progress.write(report.format_log_line(rec, cfg.steps))
+            slow = stragglers(rank_compute, cfg.straggler_threshold) if is_main else []
+            if slow and step - straggler_logged >= cfg.log_interval:
+                straggler_logged = step  # at most one report per --log-interval steps
+                for r, ratio in slow:
+                    progress.write(f"train: straggler rank {r}: compute {rank_compute[r]:.3f} s "
+                                   f"is {ratio:.2f} x the median")
+            if nonfinite and consecutive >= cfg.max_skipped_steps:
+                raise RuntimeError(
+                    f"train: step {step}: {consecutive} consecutive steps (steps "
+                    f"{step - consecutive + 1}-{step}) skipped for a non-finite loss or gradient "
+                    f"norm, the limit of --max-skipped-steps {cfg.max_skipped_steps} (diverged; "
+                    "lower --lr or use --clip-grad)")
             last = rec
             exiting = cfg.exit_interval and step % cfg.exit_interval == 0
             if cfg.save and (step == cfg.steps or exiting or
@@ -625,7 +758,9 @@ def train(cfg, world=None, out=print):
                 path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
                                  loader.consumed_samples, data.tokenizer_dir, world, scaler,
                                  fsdp.full_parameters() if fsdp is not None else None,
-                                 grid.ep() if cfg.ep > 1 else None)
+                                 grid.ep() if cfg.ep > 1 else None,
+                                 {"skips": skips, "consecutive": consecutive}
+                                 if cfg.on_nonfinite == "skip" else None)
                 if is_main:
                     progress.write(f"train: saved {path}")
             supervisor.heartbeat(rank, step)
@@ -657,6 +792,8 @@ def train(cfg, world=None, out=print):
         layers = sum(ch.num_moe_layers for ch in chunks)
         summary["moe_layers"] = int(_sum_over_group(layers, pp_group)) if pp_group else layers
         summary["moe_bias_replicated"] = _moe_bias_replicated(chunks, dp_group)
+    if cfg.on_nonfinite == "skip":
+        summary["nonfinite_skips"] = skips
     if scaler is not None:
         summary["loss_scale"] = scaler.scale
         summary["skipped_steps"] = scaler.skipped_steps
