@@ -28,9 +28,10 @@ FORMAT_VERSION = _ck.FORMAT_VERSION
 MODEL_FILE = _ck.MODEL_FILE
 OPTIMIZER_FILE = _ck.OPTIMIZER_FILE
 
-__all__ = ["CheckpointWriter", "CheckpointReader", "find_latest", "update_latest",
-           "step_dir_name", "crc32", "load_model_state", "config_to_dict", "config_from_dict", "FORMAT_NAME",
-           "FORMAT_VERSION", "MODEL_FILE", "OPTIMIZER_FILE"]
+__all__ = ["CheckpointWriter", "CheckpointReader", "PieceIndex", "read_global_state",
+           "find_latest", "update_latest", "step_dir_name", "crc32", "load_model_state",
+           "config_to_dict", "config_from_dict", "FORMAT_NAME", "FORMAT_VERSION", "MODEL_FILE",
+           "OPTIMIZER_FILE"]
 
 
 def _dumps(meta):
@@ -121,6 +122,38 @@ class CheckpointReader:
 
     def read_bytes(self, name):
         return self._r.read_bytes(name)
+
+
+class PieceIndex:
+    """The global tensors of a checkpoint, whatever layout saved them: the pieces of its
+    shards.rank*.safetensors files, or the whole tensors of model.safetensors and
+    optimizer.safetensors (include/tardelli/checkpoint/sharded_state.h)."""
+
+    def __init__(self, reader):
+        self._reader = reader if isinstance(reader, CheckpointReader) else CheckpointReader(reader)
+        self._x = _ck.PieceIndex(self._reader._r)
+
+    def names(self):
+        return self._x.names()
+
+    def has(self, name):
+        return self._x.has(name)
+
+    def global_shape(self, name):
+        return tuple(self._x.global_shape(name))
+
+    def read(self, name, offsets=None, sizes=None):
+        """Global tensor `name`, or its box at `offsets` of `sizes` (a fresh tensor)."""
+        if offsets is None:
+            return self._x.read_full(name)
+        return self._x.read(name, (list(offsets), list(sizes)))
+
+
+def read_global_state(path):
+    """{name: tensor} of every global tensor of the checkpoint at `path` (parameters, buffers
+    and "<param>.exp_avg" / "<param>.exp_avg_sq" moments), assembled from its pieces."""
+    idx = PieceIndex(path)
+    return {n: idx.read(n) for n in idx.names()}
 
 
 def step_dir_name(step):

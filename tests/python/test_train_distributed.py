@@ -68,22 +68,25 @@ def test_zero1_shards_optimizer_state(tmp_path):
 
 
 def test_zero1_resume_is_exact(tmp_path):
-    # Property: a ZeRO-1 run over 2 ranks stopped after step 2 and resumed (each rank reloads
-    # its own optimizer shard) repeats the uninterrupted run's losses bit for bit; resuming the
-    # sharded checkpoint with another dp size is refused with a clear message.
+    # Property: a ZeRO-1 run over 2 ranks stopped after step 2 and resumed (each rank reads the
+    # boxes of its optimizer shard back) repeats the uninterrupted run's losses bit for bit;
+    # every rank wrote its pieces; the same checkpoint resumed by 4 ranks (dp 4, the same
+    # global batch) continues the uninterrupted losses to fp32 rounding (the mean gradient is
+    # summed in another order).
     args = ["--micro-batch-size", "4", "--zero", "1"]
     full, part, save = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "save"
     train(2, *args, "--metrics-file", str(full))
     train(2, *args, "--metrics-file", str(part), "--save", str(save), "--exit-interval", "2")
     step_dir = save / "step_00000002"
-    assert sorted(p.name for p in step_dir.glob("optimizer*")) == [
-        "optimizer.rank00000.safetensors", "optimizer.rank00001.safetensors"]
+    assert sorted(p.name for p in step_dir.glob("shards.*.safetensors")) == [
+        "shards.rank00000.safetensors", "shards.rank00001.safetensors"]
     train(2, *args, "--metrics-file", str(part), "--save", str(save), "--resume")
     assert losses(part) == losses(full)
-    p = run(4, "tardelli.train", *BASE, "--micro-batch-size", "2", "--zero", "1", "--save", save,
-            "--resume", check=False, timeout=200)
-    assert p.returncode != 0
-    assert "ZeRO-1 optimizer shards of 2 ranks but this run has 4" in p.stderr
+    four = tmp_path / "four.jsonl"
+    (save / "latest").write_text("step_00000002\n")
+    train(4, "--micro-batch-size", "2", "--zero", "1", "--metrics-file", str(four), "--save",
+          str(save), "--resume")
+    np.testing.assert_allclose(losses(four), losses(full)[2:], rtol=1e-5)
 
 
 @pytest.mark.parametrize("nproc, extra", [(2, ["--zero", "1"]), (2, ["--tp", "2"])])

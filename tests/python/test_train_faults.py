@@ -43,11 +43,8 @@ def train_ranks(nproc, *args):
 
 def tensors(save, step):
     """The model's and the optimizer's tensors in the checkpoint of `step`, as numpy arrays."""
-    r = td.checkpoint.CheckpointReader(os.path.join(save, td.checkpoint.step_dir_name(step)))
-    out = {}
-    for f in ("model.safetensors", "optimizer.safetensors"):
-        out.update({f"{f}:{k}": v.numpy() for k, v in r.read_tensors(f).items()})
-    return out
+    st = td.checkpoint.read_global_state(os.path.join(save, td.checkpoint.step_dir_name(step)))
+    return {k: v.numpy() for k, v in st.items()}
 
 
 def assert_same(a, b):

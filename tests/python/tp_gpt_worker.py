@@ -52,7 +52,14 @@ import numpy as np
 import tardelli as td
 import tardelli.distributed as dist
 from tardelli.distributed.model_parallel import clip_grad_norm_, parallelize
-from tardelli.train.state import _place
+
+
+
+def put_shard(shard, spec, full):
+    """Writes `shard` into its place in `full` (nn::ShardSpec::put; padding dropped)."""
+    td._C.parallel.put_shard(shard, full, spec["dim"], spec["segments"], spec["parts"],
+                             spec["index"])
+
 
 VOCAB = 301  # odd: padded under every tp (to 512 with the default multiple of 128)
 SEQ = 16
@@ -143,7 +150,7 @@ def full_parameters(model, grid, grads=False):
             continue
         full = td.zeros(*spec["full_shape"])
         for r, s in enumerate(shards):
-            _place(td.tensor(s, dtype=td.float32), dict(spec, index=r), full)
+            put_shard(td.tensor(s, dtype=td.float32), dict(spec, index=r), full)
         out[name] = arr(full)
     return out
 

@@ -481,9 +481,8 @@ def split_ratios(cfg):
 
 
 # What a resumed run must share with its checkpoint besides the model (GPTConfig.diff): the
-# data order (the position is a sample count into the order these define) and the optimizer
-# layout. Batch sizes may change (the position counts samples, as in Megatron).
-# (The tensor-parallel size is checked by state.load with its own message: resharding is not
-# available yet.)
-RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed", "zero",
-               "make_vocab_size_divisible_by")
+# data order (the position is a sample count into the order these define). Batch sizes may
+# change (the position counts samples, as in Megatron), and so may the layout: tp, pp, vpp, dp,
+# cp, ep, the ZeRO stage and the vocabulary padding (Note [Layout-free checkpoints] in
+# train/state.py).
+RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed")

@@ -509,7 +509,7 @@ def train(cfg, world=None, out=print):
         pipe.sync_tied_grads = cfg.zero < 2
 
     start_step, consumed = 0, 0
-    resumed_from = None
+    resumed_from, resharded = None, False
     skips = consecutive = 0  # steps skipped for non-finite values: all, and the latest run
     if cfg.resume:
         latest = td.checkpoint.find_latest(cfg.save)
@@ -519,6 +519,7 @@ def train(cfg, world=None, out=print):
         else:
             info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp)
             start_step, consumed = info["step"], info["consumed_samples"]
+            resharded = info["resharded"]
             resumed_from = latest
             if info["nonfinite"] is not None:
                 skips, consecutive = info["nonfinite"]["skips"], info["nonfinite"]["consecutive"]
@@ -551,7 +552,8 @@ def train(cfg, world=None, out=print):
             f"GEMM peak {peak / 1e9:.0f} GFLOP/s")
         if resumed_from:
             out(f"train: resumed from {resumed_from} at step {start_step} "
-                f"({consumed} samples consumed)")
+                f"({consumed} samples consumed"
+                f"{'; resharded from another layout' if resharded else ''})")
     # Note [Supervised metrics]: a restarted attempt appends to the metrics file instead of
     # trimming it, after a restart event row, so the file holds every attempt's rows; the
     # effective history is the last row of each step (report.effective_rows).
@@ -758,8 +760,7 @@ def train(cfg, world=None, out=print):
                 path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
                                  loader.consumed_samples, data.tokenizer_dir, world, scaler,
                                  fsdp.full_parameters() if fsdp is not None else None,
-                                 grid.ep() if cfg.ep > 1 else None,
-                                 {"skips": skips, "consecutive": consecutive}
+                                 grid, {"skips": skips, "consecutive": consecutive}
                                  if cfg.on_nonfinite == "skip" else None)
                 if is_main:
                     progress.write(f"train: saved {path}")
