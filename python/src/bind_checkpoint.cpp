@@ -141,6 +141,12 @@ void init_checkpoint(py::module_& m, TensorClass& /*cls*/) {
       .def("names", &ck::PieceIndex::names)
       .def("global_shape", &ck::PieceIndex::global_shape, "name"_a)
       .def(
+          "dtype",
+          [](const ck::PieceIndex& x, const std::string& name) {
+            return std::string(ck::safetensors_dtype_name(x.dtype(name)));
+          },
+          "name"_a)
+      .def(
           "read",
           [box_of](const ck::PieceIndex& x, const std::string& name, const BoxPair& box) {
             py::gil_scoped_release release;

@@ -381,13 +381,11 @@ def _moe_bias_replicated(chunks, dp_group):
     return bool(td.equal(hi, flat) and td.equal(lo, flat))
 
 
-def train(cfg, world=None, out=print):
-    """Runs one training job; returns the summary dict (also printed as the last line on rank
-    0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
+def setup_layout(cfg, world=None):
+    """The job's layout: (world, dp_size, grid). Joins a world of one when a parallel feature
+    needs communicators; validates cfg for the data-parallel size; builds the ProcessGrid
+    (None for one plain process)."""
     from .. import distributed as dist
-    from ..distributed.model_parallel import clip_grad_norm_ as tp_clip_grad_norm_
-    from ..distributed.model_parallel import parallelize
-    from ..distributed import pipeline_parallel as pipe_mod
     if (cfg.zero or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1 or cfg.ep > 1) and world is None:
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
     size = world.size if world is not None else 1
@@ -398,10 +396,6 @@ def train(cfg, world=None, out=print):
                             "pp); start the ranks with python -m tardelli.launch --nproc N)")
     dp_size = size // mp
     C.validate(cfg, dp_size)
-    attempt = supervisor.attempt()
-    if attempt is not None and not (cfg.resume and cfg.save):
-        raise C.ConfigError("under python -m tardelli.launch --max-restarts the job restarts "
-                            "from its latest checkpoint: give --save DIR --resume")
     grid = None
     if world is not None:
         # Megatron's rank order: tp fastest, then cp, dp, pp slowest; ep carved out of dp
@@ -409,11 +403,17 @@ def train(cfg, world=None, out=print):
         grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, cp=cfg.cp, pp=cfg.pp,
                                                          dp=dp_size, ep=cfg.ep),
                                 ["tp-ep-pp"] if cfg.ep > 1 else [])
-    dp_rank = grid.coords.dp if grid is not None else 0
-    is_main = world is None or world.rank == 0
-    # Every tp/cp/pp rank of a replica reads the same samples (a cp rank keeps its tokens).
-    data = Data(cfg, dp_rank, dp_size, grid.cp() if cfg.cp > 1 else None)
-    mcfg = model_config(cfg, data.vocab_size)
+    return world, dp_size, grid
+
+
+def build_job(cfg, world, grid, dp_size, vocab_size):
+    """The model (this rank's chunks, laid out over `grid`), its gradient reduction (DDP,
+    ZeRO-3's FSDP or the expert-parallel pair) and optimizer, as a dict: mcfg, chunks, model,
+    named, groups, mp_group, expert_group, ddp, fsdp, opt."""
+    from .. import distributed as dist
+    from ..distributed.model_parallel import parallelize
+    from ..distributed import pipeline_parallel as pipe_mod
+    mcfg = model_config(cfg, vocab_size)
     # Note [Parallelize step]: the model (or this rank's pipeline chunks) is built from the
     # seed with every parameter drawn from its own named stream, then each rank keeps its
     # tensor-parallel shards: the same seed gives the same logical model for every layout.
@@ -438,9 +438,6 @@ def train(cfg, world=None, out=print):
         if cfg.device != "cpu":
             ch.to(cfg.device)
     model = chunks[0]
-    moe = mcfg.num_experts > 0  # cp and sequence parallelism are refused (config.validate_moe)
-    dp_group = grid.dp() if grid is not None else None
-    pp_group = grid.pp() if cfg.pp > 1 else None
     # Expert parallelism: the experts' part of the gradient norm is summed over tp-ep-pp
     # (Note [Expert gradients] in python/tardelli/distributed/expert_parallel.py).
     expert_group = grid.group("tp-ep-pp") if cfg.ep > 1 else None
@@ -487,6 +484,33 @@ def train(cfg, world=None, out=print):
             opt.set_model_parallel(chunks, mp_group)
     else:
         opt = td.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    return {"mcfg": mcfg, "chunks": chunks, "model": model, "named": named, "groups": groups,
+            "mp_group": mp_group, "expert_group": expert_group, "ddp": ddp, "fsdp": fsdp,
+            "opt": opt}
+
+
+def train(cfg, world=None, out=print):
+    """Runs one training job; returns the summary dict (also printed as the last line on rank
+    0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
+    from ..distributed.model_parallel import clip_grad_norm_ as tp_clip_grad_norm_
+    from ..distributed import pipeline_parallel as pipe_mod
+    world, dp_size, grid = setup_layout(cfg, world)
+    size = world.size if world is not None else 1
+    attempt = supervisor.attempt()
+    if attempt is not None and not (cfg.resume and cfg.save):
+        raise C.ConfigError("under python -m tardelli.launch --max-restarts the job restarts "
+                            "from its latest checkpoint: give --save DIR --resume")
+    dp_rank = grid.coords.dp if grid is not None else 0
+    is_main = world is None or world.rank == 0
+    # Every tp/cp/pp rank of a replica reads the same samples (a cp rank keeps its tokens).
+    data = Data(cfg, dp_rank, dp_size, grid.cp() if cfg.cp > 1 else None)
+    job = build_job(cfg, world, grid, dp_size, data.vocab_size)
+    mcfg, chunks, model, opt = job["mcfg"], job["chunks"], job["model"], job["opt"]
+    named, ddp, fsdp = job["named"], job["ddp"], job["fsdp"]
+    mp_group, expert_group = job["mp_group"], job["expert_group"]
+    moe = mcfg.num_experts > 0  # cp and sequence parallelism are refused (config.validate_moe)
+    dp_group = grid.dp() if grid is not None else None
+    pp_group = grid.pp() if cfg.pp > 1 else None
     lr_at = schedule(cfg)
     # Note [fp16 loss scaling]: fp16 activations need the loss scaled up before backward; the
     # scaler (C++ optim/loss_scaler.h, torch's GradScaler rules) skips a step whose gradients

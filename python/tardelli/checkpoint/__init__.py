@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from . import _C
+from .. import _C
 
 _ck = _C.checkpoint
 
@@ -142,6 +142,10 @@ class PieceIndex:
     def global_shape(self, name):
         return tuple(self._x.global_shape(name))
 
+    def dtype(self, name):
+        """The saved dtype's safetensors name ("F32", "BF16", ...)."""
+        return self._x.dtype(name)
+
     def read(self, name, offsets=None, sizes=None):
         """Global tensor `name`, or its box at `offsets` of `sizes` (a fresh tensor)."""
         if offsets is None:
@@ -192,6 +196,13 @@ def config_to_dict(config):
 def config_from_dict(d):
     """The inverse of config_to_dict: a td.models.GPTConfig (every field required; the C++
     reader checks names, types and validity)."""
-    from .models import GPTConfig
+    from ..models import GPTConfig
     c = _ck.config_from_json(_dumps(d))  # raises TardelliError naming a bad field
     return GPTConfig(**config_to_dict(c))
+
+
+def main(argv=None):
+    """`python -m tardelli.checkpoint inspect|convert` (tardelli/train/checkpoint_tool.py)."""
+    from ..train.checkpoint_tool import main as tool_main
+    return tool_main(argv)
+
