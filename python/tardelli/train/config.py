@@ -128,6 +128,9 @@ class TrainConfig:
     save: str = field(default="", metadata=dict(help="checkpoint root directory"))
     save_interval: int = field(default=0, metadata=dict(
         help="steps between checkpoints (0: only at the end)"))
+    async_save: bool = field(default=False, metadata=dict(
+        help="write checkpoints in a background thread: the step only copies the state to "
+             "host memory (docs/checkpoints.md)"))
     resume: bool = field(default=False, metadata=dict(
         help="continue from the latest checkpoint under --save"))
     metrics_file: str = field(default="", metadata=dict(help="JSON lines, one per step"))
@@ -414,6 +417,7 @@ def validate(cfg, dp_size=1):
          f"--split must be three non-negative ratios with train > 0, e.g. 98,1,1; got "
          f"{cfg.split!r}")
     need(not cfg.resume or cfg.save, "--resume needs --save DIR (where the checkpoints are)")
+    need(not cfg.async_save or cfg.save, "--async-save needs --save DIR")
 
 
 def validate_moe(cfg, need, dp_size=1):

@@ -30,6 +30,7 @@ C++ trainer's, examples/train_gpt.cpp) loads the same way.
 import json
 import os
 import re
+import time
 
 import tardelli as td
 
@@ -216,6 +217,72 @@ def _layout(cfg, world, model):
             "sequence_parallel": first.sequence_parallel}
 
 
+class _Save:
+    """One checkpoint save of this rank, split into what must run on the training thread
+    (prepare: the pieces, the writer, the metadata; commit) and what may run in the background
+    (write: the files)."""
+
+    def __init__(self, root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir,
+                 world, loss_scaler, params, grid, nonfinite, snapshot):
+        self.world = world
+        self.rank, self.size = (world.rank, world.size) if world is not None else (0, 1)
+        self.root, self.name = root, td.checkpoint.step_dir_name(step)
+        self.path = os.path.join(root, self.name)
+        self.step = step
+        first = _chunks(model)[0]
+        self.pieces = _rank_pieces(model, opt, cfg, grid, params)
+        if snapshot:
+            # Note [Async save]: host copies of every piece, taken now; the step's tensors may
+            # change as soon as this returns.
+            self.pieces = [(n, shape, box, t.to("cpu").clone()) for n, shape, box, t in
+                           self.pieces]
+        self.rng = json.dumps(_rng_state(model)).encode()
+        self.tokenizer_dir = tokenizer_dir if self.rank == 0 else None
+        self.meta = None
+        if self.rank == 0:
+            self.meta = {
+                "step": step,
+                "state_format": FORMAT,
+                "config": td.checkpoint.config_to_dict(model_cfg),
+                "scheduler": _schedule_meta(cfg, step),
+                "data": {"consumed_samples": consumed_samples, "seed": cfg.seed,
+                         "prefix": cfg.data, "synthetic": cfg.synthetic_data},
+                "rng": {"dropout": _gen_state(first.dropout_generator)},
+                "optimizer": {"name": "AdamW", "step": _optimizer_step(opt)},
+                "parallel": _layout(cfg, world, model),
+                "train": cfg.to_dict(),
+            }
+            if loss_scaler is not None:
+                self.meta["loss_scaler"] = loss_scaler.state_dict()
+            if nonfinite is not None:
+                self.meta["nonfinite"] = dict(nonfinite)
+        # Note [Sharded saving]: rank 0's writer clears a stale .tmp before the others open it.
+        if self.rank == 0:
+            os.makedirs(root, exist_ok=True)
+            self.writer = td.checkpoint.CheckpointWriter(self.path, 0)
+        if world is not None:
+            world.barrier()
+        if self.rank != 0:
+            self.writer = td.checkpoint.CheckpointWriter(self.path, self.rank)
+
+    def write(self):
+        """This rank's files (and, on ranks other than 0, its manifest)."""
+        _ck.write_pieces(self.writer._w, self.rank, self.pieces)
+        self.writer.write_bytes(_rng_file(self.rank), self.rng)
+        if self.tokenizer_dir:
+            for f in ("vocab.json", "merges.txt"):
+                self.writer.copy_file(f, os.path.join(self.tokenizer_dir, f))
+        if self.rank != 0:
+            self.writer.finish()
+        self.pieces = None  # the host copies are no longer needed
+
+    def commit(self):
+        """Rank 0, once every rank's write() has finished: meta.json, the rename, latest."""
+        if self.rank == 0:
+            self.writer.commit(self.meta, self.size)
+            td.checkpoint.update_latest(self.root, self.name)
+
+
 def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
          world=None, loss_scaler=None, params=None, grid=None, nonfinite=None):
     """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
@@ -226,49 +293,87 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     full_parameters(), gathered by every rank before the call). `grid`: the run's ProcessGrid
     (None for one process), which says which replica saves. `nonfinite`: the --on-nonfinite
     skip counters ({"skips", "consecutive"}), into meta.json ("nonfinite")."""
-    rank, size = (world.rank, world.size) if world is not None else (0, 1)
-    first = _chunks(model)[0]
-    name = td.checkpoint.step_dir_name(step)
-    path = os.path.join(root, name)
-    pieces = _rank_pieces(model, opt, cfg, grid, params)
-    if rank == 0:
-        os.makedirs(root, exist_ok=True)
-        writer = td.checkpoint.CheckpointWriter(path, 0)
+    job = _Save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir, world,
+                loss_scaler, params, grid, nonfinite, snapshot=False)
+    job.write()
     if world is not None:
         world.barrier()
-    if rank != 0:
-        writer = td.checkpoint.CheckpointWriter(path, rank)
-    _ck.write_pieces(writer._w, rank, pieces)
-    writer.write_bytes(_rng_file(rank), json.dumps(_rng_state(model)).encode())
-    if rank == 0 and tokenizer_dir:
-        for f in ("vocab.json", "merges.txt"):
-            writer.copy_file(f, os.path.join(tokenizer_dir, f))
-    if rank != 0:
-        writer.finish()
-    if world is not None:
-        world.barrier()
-    if rank == 0:
-        meta = {
-            "step": step,
-            "state_format": FORMAT,
-            "config": td.checkpoint.config_to_dict(model_cfg),
-            "scheduler": _schedule_meta(cfg, step),
-            "data": {"consumed_samples": consumed_samples, "seed": cfg.seed,
-                     "prefix": cfg.data, "synthetic": cfg.synthetic_data},
-            "rng": {"dropout": _gen_state(first.dropout_generator)},
-            "optimizer": {"name": "AdamW", "step": _optimizer_step(opt)},
-            "parallel": _layout(cfg, world, model),
-            "train": cfg.to_dict(),
-        }
-        if loss_scaler is not None:
-            meta["loss_scaler"] = loss_scaler.state_dict()
-        if nonfinite is not None:
-            meta["nonfinite"] = dict(nonfinite)
-        writer.commit(meta, size)
-        td.checkpoint.update_latest(root, name)
+    job.commit()
     if world is not None:
         world.barrier()  # nobody resumes or exits before the checkpoint is in place
-    return path
+    return job.path
+
+
+class AsyncSaver:
+    """Note [Async save] (--async-save): save() snapshots this rank's pieces into host memory,
+    opens the checkpoint's writers (a barrier, as a synchronous save) and returns; a background
+    thread writes the files. The commit needs every rank's files, so it happens on the training
+    thread: poll(), called after every step while a save is pending, exchanges each rank's
+    (finished, failed) flags in one small all-reduce, and once all have finished rank 0 commits
+    (meta.json last, then the rename: Note [Commit protocol]) and moves `latest`. At most one
+    save is in flight: a new save, and the end of training (wait()), first wait for the
+    pending one and commit it. A crash while the thread writes leaves only the .tmp directory,
+    never read: the previous checkpoint stays the latest. The thread is a daemon, so a run that
+    fails does not wait for it (its .tmp is removed by the next save of that step). Test-only:
+    TD_TEST_ASYNC_SAVE_DELAY=SECONDS makes the thread sleep before writing."""
+
+    def __init__(self, world=None):
+        self.world = world
+        self.pending = None  # (_Save, thread, [error])
+
+    def save(self, *args, **kwargs):
+        """As save() (same arguments); returns the path the checkpoint will have."""
+        import threading
+        self.wait()
+        job = _Save(*args, **kwargs, snapshot=True)
+        error = []
+
+        delay = float(os.environ.get("TD_TEST_ASYNC_SAVE_DELAY", "0") or 0)
+
+        def run():
+            try:
+                if delay > 0:
+                    time.sleep(delay)  # test-only: a slow disk, so a test can kill the writer
+                job.write()
+            except BaseException as e:  # noqa: BLE001 - reported on the training thread
+                error.append(e)
+
+        thread = threading.Thread(target=run, name=f"tardelli-save-{job.step}", daemon=True)
+        thread.start()
+        self.pending = (job, thread, error)
+        return job.path
+
+    def _agree(self, done, failed):
+        """(every rank done, some rank failed): one all-reduce of (done, -failed) with min."""
+        if self.world is None or self.world.size == 1:
+            return done, failed
+        t = td.tensor([int(done), -int(failed)], dtype=td.int64)
+        self.world.all_reduce(t, "min")
+        return bool(t[0].item()), bool(-t[1].item())
+
+    def poll(self, block=False):
+        """Commits the pending save when every rank has written its files (block: waits for
+        this rank's thread first). Returns the committed path, or None. A collective whenever a
+        save is pending: every rank calls it at the same points."""
+        if self.pending is None:
+            return None
+        job, thread, error = self.pending
+        if block:
+            thread.join()
+        done, failed = self._agree(not thread.is_alive(), bool(error))
+        if failed:
+            self.pending = None
+            mine = f": {error[0]}" if error else " on another rank"
+            raise RuntimeError(f"train: the background save of {job.path} failed{mine}")
+        if not done:
+            return None
+        job.commit()
+        self.pending = None
+        return job.path
+
+    def wait(self):
+        """Waits for the pending save (if any) and commits it; returns its path or None."""
+        return self.poll(block=True)
 
 
 def _index(reader, path):

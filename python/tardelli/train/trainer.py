@@ -272,15 +272,21 @@ def gather_step_times(compute, wait, world):
     return flat[0::2], flat[1::2]
 
 
+# A straggler must also be this much slower than the median in absolute terms: on steps of a
+# few milliseconds the ratio is scheduler noise (2 ranks sharing cores swing by 20-30%).
+STRAGGLER_MIN_EXCESS_S = 0.01
+
+
 def stragglers(compute, threshold):
     """[(world rank, ratio)] of the ranks whose compute time exceeds `threshold` x the median
-    over ranks; none for one rank or threshold 0."""
+    over ranks and the median by STRAGGLER_MIN_EXCESS_S; none for one rank or threshold 0."""
     if threshold <= 0 or len(compute) < 2:
         return []
     median = statistics.median(compute)
     if median <= 0:
         return []
-    return [(r, c / median) for r, c in enumerate(compute) if c > threshold * median]
+    return [(r, c / median) for r, c in enumerate(compute)
+            if c > threshold * median and c - median > STRAGGLER_MIN_EXCESS_S]
 
 
 def slow_rank_seconds(rank):
@@ -581,6 +587,7 @@ def train(cfg, world=None, out=print):
     # Note [Supervised metrics]: a restarted attempt appends to the metrics file instead of
     # trimming it, after a restart event row, so the file holds every attempt's rows; the
     # effective history is the last row of each step (report.effective_rows).
+    saver = ckpt.AsyncSaver(world) if cfg.async_save and cfg.save else None
     metrics = report.MetricsFile(cfg.metrics_file if is_main else "",
                                  resume_step=start_step if cfg.resume else None,
                                  append=bool(attempt))
@@ -731,6 +738,7 @@ def train(cfg, world=None, out=print):
                 loss_sum = lm_loss * accum
             rec = {"step": step, "loss": _mean_over_ranks(loss_sum / accum, world), "lr": lr,
                    "grad_norm": grad_norm, "tokens_per_s": global_batch * cfg.seq_len / dt,
+                   "time": time.time(),
                    "mfu": flops_per_step / dt / peak,
                    "mem_bytes": td.memory_stats(mem_device)["peak_bytes"]}
             # Memory across layouts: this rank's peak in the step, and the largest over ranks.
@@ -759,6 +767,37 @@ def train(cfg, world=None, out=print):
                 if val_loss is not None:
                     val_loss = _mean_over_ranks(val_loss, world)
                     rec["val_loss"] = val_loss
+            # The step's checkpoint, before its metrics row so the row carries the time the
+            # save blocked training (Note [Async save] in train/state.py: with --async-save
+            # only the host snapshot; the files are written in the background).
+            exiting = cfg.exit_interval and step % cfg.exit_interval == 0
+            give_up = nonfinite and consecutive >= cfg.max_skipped_steps
+            if saver is not None:
+                committed = saver.poll()
+                if committed and is_main:
+                    progress.write(f"train: saved {committed} (in the background)")
+            if cfg.save and not give_up and (step == cfg.steps or exiting or
+                                             (cfg.save_interval and
+                                              step % cfg.save_interval == 0)):
+                t_save = time.perf_counter()
+                parts = chunks if cfg.pp > 1 else model
+                save_args = (cfg.save, step, parts, opt, cfg, mcfg, loader.consumed_samples,
+                             data.tokenizer_dir, world, scaler,
+                             fsdp.full_parameters() if fsdp is not None else None, grid,
+                             {"skips": skips, "consecutive": consecutive}
+                             if cfg.on_nonfinite == "skip" else None)
+                if saver is not None:
+                    committed = saver.wait()  # at most one save in flight
+                    if committed and is_main:
+                        progress.write(f"train: saved {committed} (in the background)")
+                    path = saver.save(*save_args)
+                    note = f"train: saving {path} in the background"
+                else:
+                    path = ckpt.save(*save_args)
+                    note = f"train: saved {path}"
+                rec["save_blocked_s"] = time.perf_counter() - t_save
+                if is_main:
+                    progress.write(note)
             metrics.write(rec)
             progress.update(rec["loss"])
             if is_main and (step % cfg.log_interval == 0 or step == cfg.steps or
@@ -777,20 +816,13 @@ def train(cfg, world=None, out=print):
                     f"norm, the limit of --max-skipped-steps {cfg.max_skipped_steps} (diverged; "
                     "lower --lr or use --clip-grad)")
             last = rec
-            exiting = cfg.exit_interval and step % cfg.exit_interval == 0
-            if cfg.save and (step == cfg.steps or exiting or
-                             (cfg.save_interval and step % cfg.save_interval == 0)):
-                parts = chunks if cfg.pp > 1 else model
-                path = ckpt.save(cfg.save, step, parts, opt, cfg, mcfg,
-                                 loader.consumed_samples, data.tokenizer_dir, world, scaler,
-                                 fsdp.full_parameters() if fsdp is not None else None,
-                                 grid, {"skips": skips, "consecutive": consecutive}
-                                 if cfg.on_nonfinite == "skip" else None)
-                if is_main:
-                    progress.write(f"train: saved {path}")
             supervisor.heartbeat(rank, step)
             if exiting:
                 break
+        if saver is not None:
+            committed = saver.wait()  # the exit path commits the save in flight
+            if committed and is_main:
+                progress.write(f"train: saved {committed} (in the background)")
         supervisor.heartbeat(rank, step, done=True)
     finally:
         progress.close()
