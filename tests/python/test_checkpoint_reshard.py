@@ -55,7 +55,10 @@ def close(got, want, what):
     (4, ["--zero", "1"]),
     (4, ["--pp", "4"]),
     (4, ["--tp", "4", "--zero", "2"]),
-], ids=["one-rank", "dp4-zero1", "pp4", "tp4-zero2"])
+    (4, ["--pp", "2", "--vpp", "2", "--schedule", "interleaved"]),
+    (4, ["--cp", "2", "--zero", "1"]),
+    (2, ["--zero", "3"]),
+], ids=["one-rank", "dp4-zero1", "pp4", "tp4-zero2", "pp2-vpp2", "cp2xdp2-zero1", "dp2-zero3"])
 def test_resume_at_another_layout_continues_the_run(saved, tmp_path, nproc, layout):
     # Property: the step-2 checkpoint of tp 2 x pp 2 resumed at another layout (each rank
     # reads the boxes of its shards, ZeRO shards included, from the pieces tp 2 x pp 2 wrote)
