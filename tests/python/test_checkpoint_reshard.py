@@ -119,8 +119,9 @@ def test_convert_round_trip_is_bitwise_and_inspect(saved, tmp_path):
 
 def test_bad_checkpoints_fail_naming_the_file(saved, tmp_path):
     # Property: another model shape is refused naming the differing field; a damaged shard
-    # file or index names the file (CRC); a shard file whose pieces are missing names the
-    # tensor; in each case the checkpoint is left as it was and nothing new is written.
+    # file or index names the file (CRC); --resume with no complete checkpoint names the
+    # directory and its contents; a shard file whose pieces are missing names the tensor; in
+    # each case the checkpoint is left as it was and nothing new is written.
     save = copy_save(saved, tmp_path / "save")
     p = run(1, "tardelli.train", *[x if x != "32" else "64" for x in BASE], "--save", save,
             "--resume", check=False)
@@ -133,6 +134,13 @@ def test_bad_checkpoints_fail_naming_the_file(saved, tmp_path):
         p = run(1, "tardelli.train", *BASE, "--save", bad, "--resume", check=False)
         assert p.returncode != 0 and name in p.stderr, p.stderr
         assert sorted(x.name for x in bad.iterdir()) == ["latest", "step_00000002"]
+    # Nothing to resume: an error naming the directory and what it holds.
+    empty = tmp_path / "empty"
+    (empty / "step_00000002.tmp").mkdir(parents=True)
+    p = run(1, "tardelli.train", *BASE, "--save", empty, "--resume", check=False)
+    assert p.returncode == 2 and "no complete checkpoint under" in p.stderr and \
+        "step_00000002.tmp" in p.stderr, p.stderr
+    assert sorted(x.name for x in empty.iterdir()) == ["step_00000002.tmp"]
     # A rank's data without its pieces: the index of rank 3 emptied (a consistent manifest).
     r = td.checkpoint.CheckpointReader(saved["ckpt"])
     missing = tmp_path / "missing"

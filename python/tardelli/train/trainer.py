@@ -543,9 +543,21 @@ def train(cfg, world=None, out=print):
     skips = consecutive = 0  # steps skipped for non-finite values: all, and the latest run
     if cfg.resume:
         latest = td.checkpoint.find_latest(cfg.save)
+        if latest is None and attempt is None:
+            # Nothing to resume is a mistake (a wrong --save, or every save incomplete), except
+            # under a supervisor, whose first attempt starts the run it will later resume.
+            there = sorted(os.listdir(cfg.save)) if os.path.isdir(cfg.save) else None
+            raise C.ConfigError(
+                f"--resume: no complete checkpoint under {cfg.save} (" +
+                ("the directory does not exist" if there is None else
+                 "it is empty" if not there else "it holds " + ", ".join(there[:8]) +
+                 (", ..." if len(there) > 8 else "") +
+                 "; a *.tmp directory is a save that never completed") +
+                "); drop --resume to start a new run")
         if latest is None:
             if is_main:
-                out(f"train: --resume: no checkpoint under {cfg.save}; starting from scratch")
+                out(f"train: --resume: no checkpoint under {cfg.save} yet (supervised attempt "
+                    f"{attempt}); starting from scratch")
         else:
             info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp)
             start_step, consumed = info["step"], info["consumed_samples"]
