@@ -7,6 +7,7 @@
 #include "bind.h"
 #include "tardelli/distributed/collectives.h"
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/distributed/hierarchical.h"
 #include "tardelli/distributed/process_grid.h"
 
 namespace td::python {
@@ -213,6 +214,9 @@ void init_grid(py::module_& d) {
 }
 
 void init_collectives(py::module_& d) {
+  d.def("hierarchical", &distributed::hierarchical, "comm"_a, "nodes"_a, nogil());
+  d.def("nodes_of", &distributed::nodes_of, "world_ranks"_a, "ranks_per_node"_a);
+  d.def("cross_node_group", &distributed::cross_node_group, "comm"_a);
   d.def("copy_to_region", &distributed::copy_to_region, "input"_a, "group"_a, nogil());
   d.def("reduce_from_region", &distributed::reduce_from_region, "input"_a, "group"_a, nogil());
   d.def("scatter_to_region", &distributed::scatter_to_region, "input"_a, "group"_a, "dim"_a = -1,

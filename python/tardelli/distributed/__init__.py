@@ -211,6 +211,31 @@ def split(color, key=None, name=None, group=None):
     return g.split(color, key, name or f"{g.name}.split{color}")
 
 
+def hierarchical(group, world_ranks, ranks_per_node):
+    """A two-level version of `group` (Note [Two-level collectives] in include/tardelli/
+    distributed/hierarchical.h): all_reduce, reduce_scatter and all_gather reduce inside each
+    node first, so 1/ranks_per_node of the data crosses nodes. `world_ranks`: the members' world
+    ranks in group order (ProcessGrid.group_ranks); world rank r runs on node r // ranks_per_node.
+    Collective over `group`."""
+    return _D.hierarchical(group, _D.nodes_of([int(r) for r in world_ranks],
+                                              int(ranks_per_node)))
+
+
+def cross_node_group(group):
+    """The cross-node communicator under a hierarchical group (None otherwise or on a rank that
+    does not take part in the cross-node step)."""
+    return _D.cross_node_group(group)
+
+
+def ranks_per_node_from_env(default):
+    """Ranks per node as the launcher tells it (Open MPI, MPICH, SLURM), else `default`."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        v = _os.environ.get(name, "")
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+    return default
+
+
 def new_group(ranks, name=None, group=None):
     """A group of `ranks` (ranks of `group`, in that order); None on the other ranks.
     Collective over `group`: every rank calls it with the same list."""
@@ -271,5 +296,5 @@ __all__ = [
     "RowParallelLinear", "VocabParallelEmbedding", "RngTracker", "padded_vocab_size",
     "vocab_parallel_cross_entropy", "DistributedDataParallel", "DistributedOptimizer",
     "FullyShardedDataParallel", "ExpertDataParallel", "ExpertDistributedOptimizer",
-    "expert_parallel",
+    "expert_parallel", "hierarchical", "cross_node_group", "ranks_per_node_from_env",
 ]

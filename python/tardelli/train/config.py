@@ -119,6 +119,12 @@ class TrainConfig:
     recompute_layers: int = field(default=0, metadata=dict(
         help="with --recompute full: only the first N blocks of each pipeline stage/chunk "
              "(0: every block)"))
+    hierarchical_reduce: bool = field(default=False, metadata=dict(
+        help="two-level data-parallel reductions: inside each node first, then across nodes "
+             "(docs/distributed.md)"))
+    ranks_per_node: int = field(default=0, metadata=dict(
+        help="ranks per node for --hierarchical-reduce (0: from the launcher's environment, "
+             "else one node); set it to simulate nodes on one machine"))
     ddp_bucket_mb: float = field(default=40.0, metadata=dict(
         help="gradient bucket size for overlapped data-parallel reduction (MB)"))
     # ---- evaluation, logging, checkpoints ----
@@ -349,6 +355,10 @@ def validate(cfg, dp_size=1):
              f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
     validate_moe(cfg, need, dp_size)
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
+    need(cfg.ranks_per_node >= 0, f"--ranks-per-node must be >= 0 (0: from the environment), "
+         f"got {cfg.ranks_per_node}")
+    need(cfg.ranks_per_node == 0 or cfg.hierarchical_reduce,
+         "--ranks-per-node applies to --hierarchical-reduce")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
     need(cfg.trace == "" or cfg.pp > 1, "--trace records the pipeline timeline: it needs --pp > 1")
     need(cfg.d_model % cfg.heads == 0,

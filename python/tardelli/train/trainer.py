@@ -254,6 +254,24 @@ def job_communicators(grid):
     return comms
 
 
+def reduction_communicators(ddp):
+    """The communicators the gradient reductions (and ZeRO gathers) of `ddp` run on: a
+    DistributedDataParallel's group, both of an ExpertDataParallel (ZeRO-3: its DDP's)."""
+    if ddp is None:
+        return []
+    parts = [ddp.dense, ddp.experts] if hasattr(ddp, "dense") else [ddp]
+    out = []
+    for p in parts:
+        if all(p.group is not c for c in out):
+            out.append(p.group)
+    return out
+
+
+def comm_bytes(comms):
+    """Bytes handed to `comms` so far (their input bytes: Note [Communication accounting])."""
+    return sum(c.stats()["bytes"] for c in comms)
+
+
 def comm_blocked_seconds(comms):
     """Seconds this rank's callers have spent blocked in `comms` so far: collectives (their
     consistency checks included), sends, receives and Work waits (Communicator.stats(), Note
@@ -455,15 +473,26 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
     if cfg.tp > 1 or cfg.pp > 1:
         mp_group = grid.group("tp-pp") if cfg.pp > 1 else grid.tp()
     ddp = fsdp = None
+
+    def reduction_group(axes):
+        """The group a gradient reduction runs over: grid.group(axes), two-level with
+        --hierarchical-reduce (Note [Two-level collectives])."""
+        g = grid.group(axes)
+        if not cfg.hierarchical_reduce:
+            return g
+        rpn = cfg.ranks_per_node or dist.ranks_per_node_from_env(world.size)
+        return dist.hierarchical(g, grid.group_ranks(axes), rpn)
+
     if world is not None and cfg.zero == 3:
         # ZeRO-3: parameters sharded over dp between uses, gathered per block (fully_sharded.h).
-        fsdp = dist.FullyShardedDataParallel(chunks, group=grid.dp())
+        fsdp = dist.FullyShardedDataParallel(chunks, group=reduction_group("dp"))
         ddp = fsdp.ddp
     elif world is not None and cfg.ep > 1:
         # Dense gradients averaged over dp, the experts' over edp with 1/ep (Note [Expert
         # gradients]).
         ddp = dist.ExpertDataParallel(
-            named, grid.dp(), grid.edp(), cfg.ep, bucket_mb=cfg.ddp_bucket_mb, zero=cfg.zero,
+            named, reduction_group("dp"), reduction_group("edp"), cfg.ep,
+            bucket_mb=cfg.ddp_bucket_mb, zero=cfg.zero,
             own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
     elif world is not None:
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
@@ -473,7 +502,8 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
         # parameters see only this rank's tokens, so their gradients are averaged over dp x cp
         # (Note [Context-parallel loss] in include/tardelli/parallel/context_parallel.h).
         ddp = dist.DistributedDataParallel(
-            named, group=grid.dp_cp() if cfg.cp > 1 else grid.dp(), bucket_mb=cfg.ddp_bucket_mb,
+            named, group=reduction_group("dp-cp" if cfg.cp > 1 else "dp"),
+            bucket_mb=cfg.ddp_bucket_mb,
             zero=cfg.zero, own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
     if cfg.zero and cfg.ep > 1:
         opt = dist.ExpertDistributedOptimizer(ddp, groups, lr=cfg.lr,
@@ -498,6 +528,7 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
 def train(cfg, world=None, out=print):
     """Runs one training job; returns the summary dict (also printed as the last line on rank
     0). `world`: the communicator of a data-parallel job (join_world()), None for one process."""
+    from .. import distributed as dist
     from ..distributed.model_parallel import clip_grad_norm_ as tp_clip_grad_norm_
     from ..distributed import pipeline_parallel as pipe_mod
     world, dp_size, grid = setup_layout(cfg, world)
@@ -636,6 +667,12 @@ def train(cfg, world=None, out=print):
     # rank whose compute exceeds --straggler-threshold x the median is logged, at most one
     # step's report per --log-interval steps (the metrics file has every step's numbers).
     comms = job_communicators(grid)
+    # Note [Reduction bytes]: the metrics' dp_comm_bytes is what this rank handed to its
+    # gradient-reduction communicators in the step (their input bytes), cross_node_bytes the
+    # part of it the cross-node step of --hierarchical-reduce carried.
+    reduce_comms = reduction_communicators(ddp)
+    cross_comms = [c for c in (dist.cross_node_group(g) for g in reduce_comms) if c is not None]
+    comms += [c for c in reduce_comms if all(c is not d for d in comms)]
     step = start_step
     try:
         while step < cfg.steps:
@@ -644,6 +681,7 @@ def train(cfg, world=None, out=print):
                 g["lr"] = lr
             td.reset_peak_memory_stats(mem_device)
             t0, blocked0 = time.perf_counter(), comm_blocked_seconds(comms)
+            bytes0, cross0 = comm_bytes(reduce_comms), comm_bytes(cross_comms)
             if ddp is not None:
                 ddp.zero_grad()
             if moe:
@@ -758,6 +796,10 @@ def train(cfg, world=None, out=print):
             rec["peak_mem_bytes_max_rank"] = _max_over_ranks(rec["mem_bytes"], world)
             peak_max_rank = max(peak_max_rank, rec["peak_mem_bytes_max_rank"])
             rec["rank_compute_s"], rec["rank_wait_s"] = rank_compute, rank_wait
+            if reduce_comms:
+                rec["dp_comm_bytes"] = comm_bytes(reduce_comms) - bytes0
+            if cfg.hierarchical_reduce and reduce_comms:
+                rec["cross_node_bytes"] = comm_bytes(cross_comms) - cross0
             for k in ("moe_aux_loss", "moe_z_loss"):
                 if k in moe_rec:
                     moe_rec[k] = _mean_over_ranks(moe_rec[k], world)
