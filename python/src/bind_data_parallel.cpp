@@ -35,13 +35,27 @@ std::vector<optim::ParamGroup> groups_from(const std::vector<GroupSpec>& specs) 
 void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
   py::module_ d = m.attr("distributed");
 
+  py::class_<distributed::GradCompressor, std::shared_ptr<distributed::GradCompressor>>(
+      d, "GradCompressor",
+      "PowerSGD / top-k compressed bucket reduction with error feedback "
+      "(include/tardelli/distributed/grad_compression.h)")
+      .def_property_readonly("name", &distributed::GradCompressor::name)
+      .def("elements_sent", &distributed::GradCompressor::elements_sent)
+      .def("elements_dense", &distributed::GradCompressor::elements_dense)
+      .def("state", &distributed::GradCompressor::state)
+      .def("load_state", &distributed::GradCompressor::load_state, "state"_a);
+  d.def("powersgd_compressor", &distributed::powersgd_compressor, "rank"_a, "seed"_a = 0);
+  d.def("topk_compressor", &distributed::topk_compressor, "ratio"_a, "random"_a = false,
+        "seed"_a = 0);
+
   py::class_<DistributedDataParallel, std::shared_ptr<DistributedDataParallel>>(
       d, "DistributedDataParallel",
       "Bucketed, overlapped gradient averaging over a data-parallel group "
       "(include/tardelli/distributed/data_parallel.h)")
       .def(py::init([](const nn::NamedTensors& params, distributed::CommPtr comm,
                        int64_t bucket_bytes, bool overlap, bool reduce_scatter, bool average,
-                       bool shard_grads, std::vector<std::string> own_bucket, double grad_scale) {
+                       bool shard_grads, std::vector<std::string> own_bucket, double grad_scale,
+                       std::shared_ptr<distributed::GradCompressor> compressor) {
              DDPOptions o;
              o.bucket_bytes = bucket_bytes;
              o.overlap = overlap;
@@ -50,13 +64,14 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
              o.grad_scale = grad_scale;
              o.shard_grads = shard_grads;
              o.own_bucket = std::move(own_bucket);
+             o.compressor = std::move(compressor);
              return std::make_shared<DistributedDataParallel>(params, std::move(comm),
                                                               std::move(o));
            }),
            "named_params"_a, "comm"_a, "bucket_bytes"_a = DDPOptions{}.bucket_bytes,
            "overlap"_a = true, "reduce_scatter"_a = false, "average"_a = true,
            "shard_grads"_a = false, "own_bucket"_a = std::vector<std::string>{},
-           "grad_scale"_a = 1.0, nogil())
+           "grad_scale"_a = 1.0, "compressor"_a = nullptr, nogil())
       .def("set_last_microbatch", &DistributedDataParallel::set_last_microbatch, "last"_a)
       .def("is_last_microbatch", &DistributedDataParallel::is_last_microbatch)
       .def("set_overlap", &DistributedDataParallel::set_overlap, "overlap"_a)

@@ -34,6 +34,15 @@ namespace td::distributed {
 // State, so a hook that fires after the DDP is gone does nothing, and the DDP itself could be
 // moved without the hooks noticing. A mutex guards the state in case the engine runs
 // AccumulateGrad on another thread.
+namespace {
+// A compressed bucket's reduction has finished when launch() returns.
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+}  // namespace
+
 struct DistributedDataParallel::State {
   CommPtr comm;
   DDPOptions opt;
@@ -108,6 +117,23 @@ struct DistributedDataParallel::State {
     if (opt.grad_scale != 1.0) {
       autograd::NoGradGuard no_grad;
       mul_(bk.buffer, opt.grad_scale);
+    }
+    if (opt.compressor) {
+      // Note [Error feedback] in grad_compression.h: the compressor exchanges and decompresses
+      // now; the bucket then holds the mean (ZeRO-1: this rank's shard is copied out of it).
+      std::vector<CompressedParam> ps;
+      for (size_t i : bk.params)
+        ps.push_back({params[i].name, params[i].param.sizes(), params[i].offset, params[i].numel});
+      Tensor used = bk.buffer.narrow(0, 0, bk.numel);
+      opt.compressor->reduce(b, used, ps, comm, opt.average);
+      if (opt.reduce_scatter) {
+        autograd::NoGradGuard no_grad;
+        copy_into(rs_out[b], bk.buffer.narrow(0, comm->rank() * bk.shard_numel, bk.shard_numel));
+      }
+      work[b] = std::make_shared<CompletedWork>();
+      ++collectives;
+      launch_hooks[b] = hooks;
+      return;
     }
     if (opt.reduce_scatter) {
       work[b] = comm->reduce_scatter(rs_out[b], bk.buffer, op(), /*async_op=*/true);
@@ -228,6 +254,11 @@ DistributedDataParallel::DistributedDataParallel(nn::NamedTensors params, CommPt
   TD_CHECK(options.bucket_bytes > 0, "DistributedDataParallel: bucket_bytes must be > 0, got ",
            options.bucket_bytes);
   TD_CHECK(!params.empty(), "DistributedDataParallel: no parameters");
+  TD_CHECK(!options.compressor || !options.shard_grads,
+           "DistributedDataParallel: gradient compression (",
+           options.compressor ? options.compressor->name() : "",
+           ") works with all_reduce and ZeRO-1 buckets, not "
+           "with ZeRO-2/3 gradient shards");
   TD_CHECK(std::isfinite(options.grad_scale) && options.grad_scale > 0,
            "DistributedDataParallel: grad_scale must be finite and > 0, got ", options.grad_scale);
   s.comm = std::move(dp);

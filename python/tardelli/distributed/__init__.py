@@ -19,6 +19,9 @@ from .. import _api, _C
 from . import nn  # noqa: F401
 from .data_parallel import DistributedDataParallel, DistributedOptimizer  # noqa: F401,E402
 from .data_parallel import FullyShardedDataParallel  # noqa: F401,E402
+GradCompressor = _C.distributed.GradCompressor
+powersgd_compressor = _C.distributed.powersgd_compressor
+topk_compressor = _C.distributed.topk_compressor
 from . import tensor_parallel  # noqa: F401,E402
 from .tensor_parallel import (  # noqa: F401,E402
     ColumnParallelLinear, RngTracker, RowParallelLinear, VocabParallelEmbedding, padded_vocab_size,
@@ -297,4 +300,5 @@ __all__ = [
     "vocab_parallel_cross_entropy", "DistributedDataParallel", "DistributedOptimizer",
     "FullyShardedDataParallel", "ExpertDataParallel", "ExpertDistributedOptimizer",
     "expert_parallel", "hierarchical", "cross_node_group", "ranks_per_node_from_env",
+    "GradCompressor", "powersgd_compressor", "topk_compressor",
 ]

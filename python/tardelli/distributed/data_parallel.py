@@ -62,11 +62,13 @@ class DistributedDataParallel:
     of (name, parameter) pairs, in registration order (the same on every rank). zero=True
     selects ZeRO-1 (reduce-scatter; use DistributedOptimizer). grad_scale multiplies the local
     gradients before the reduction (expert parameters under expert parallelism: 1 / ep over the
-    expert-data-parallel group). Calling the wrapper calls the module.
+    expert-data-parallel group). compressor: a td.distributed.GradCompressor
+    (powersgd_compressor / topk_compressor) that reduces each bucket instead of an all-reduce.
+    Calling the wrapper calls the module.
     """
 
     def __init__(self, module_or_params, group=None, bucket_mb=40, zero=False, overlap=True,
-                 average=True, own_bucket=(), grad_scale=1.0):
+                 average=True, own_bucket=(), grad_scale=1.0, compressor=None):
         if bucket_mb <= 0:
             raise _C.TardelliError(f"DistributedDataParallel: bucket_mb must be > 0, got {bucket_mb}")
         stage = int(zero)
@@ -81,13 +83,15 @@ class DistributedDataParallel:
         self._cpp = _D.DistributedDataParallel(
             named, self.group, max(1, int(round(bucket_mb * 1e6))),
             bool(overlap), stage >= 1, bool(average), stage == 2, list(own_bucket),
-            float(grad_scale))
+            float(grad_scale), compressor)
+        self.compressor = compressor
 
     @classmethod
     def _from_cpp(cls, cpp, names, group, zero, module=None):
         self = cls.__new__(cls)
         self.module, self.group, self.zero, self.param_names, self._cpp = \
             module, group, zero, names, cpp
+        self.compressor = None
         return self
 
     def __call__(self, *args, **kwargs):

@@ -57,18 +57,21 @@ class ExpertDataParallel:
     gradients]). The interface of one DDP for the training loop."""
 
     def __init__(self, named, dense_group, edp_group, ep_size, bucket_mb=40, zero=0,
-                 own_bucket=()):
+                 own_bucket=(), compressor=None):
         dense, experts = split_named(list(named))
         if not experts:
             raise _C.TardelliError("ExpertDataParallel: the model has no expert parameters "
                                    "(num_experts = 0?)")
         self.zero = int(zero)
         self.named_dense, self.named_experts = dense, experts
+        # compressor: None, or a function returning a fresh GradCompressor (one per DDP).
         self.dense = DistributedDataParallel(dense, group=dense_group, bucket_mb=bucket_mb,
-                                             zero=zero, own_bucket=own_bucket)
+                                             zero=zero, own_bucket=own_bucket,
+                                             compressor=compressor() if compressor else None)
         self.experts = DistributedDataParallel(experts, group=edp_group, bucket_mb=bucket_mb,
                                                zero=zero, overlap=False,
-                                               grad_scale=1.0 / ep_size)
+                                               grad_scale=1.0 / ep_size,
+                                               compressor=compressor() if compressor else None)
         self.ep_size = ep_size
 
     @contextlib.contextmanager

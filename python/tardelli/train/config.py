@@ -125,6 +125,13 @@ class TrainConfig:
     ranks_per_node: int = field(default=0, metadata=dict(
         help="ranks per node for --hierarchical-reduce (0: from the launcher's environment, "
              "else one node); set it to simulate nodes on one machine"))
+    grad_compression: str = field(default="none", metadata=dict(
+        help="compressed data-parallel gradients with error feedback: none | powersgd | topk "
+             "| randomk (docs/distributed.md)"))
+    powersgd_rank: int = field(default=4, metadata=dict(
+        help="PowerSGD's rank (every matrix's dimensions must be at least this)"))
+    topk_ratio: float = field(default=0.01, metadata=dict(
+        help="top-k / random-k: the fraction of each bucket's entries a rank sends, in (0, 1]"))
     ddp_bucket_mb: float = field(default=40.0, metadata=dict(
         help="gradient bucket size for overlapped data-parallel reduction (MB)"))
     # ---- evaluation, logging, checkpoints ----
@@ -174,7 +181,8 @@ _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "schedule": ("gpipe", "1f1b", "interleaved", "zb"),
             "lr_decay_style": ("cosine", "linear", "constant"),
             "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a"),
-            "on_nonfinite": ("raise", "skip")}
+            "on_nonfinite": ("raise", "skip"),
+            "grad_compression": ("none", "powersgd", "topk", "randomk")}
 
 
 def _coerce(name, value, source):
@@ -357,6 +365,11 @@ def validate(cfg, dp_size=1):
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.ranks_per_node >= 0, f"--ranks-per-node must be >= 0 (0: from the environment), "
          f"got {cfg.ranks_per_node}")
+    need(cfg.powersgd_rank >= 1, f"--powersgd-rank must be >= 1, got {cfg.powersgd_rank}")
+    need(0 < cfg.topk_ratio <= 1, f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
+    need(cfg.grad_compression == "none" or cfg.zero < 2,
+         f"--grad-compression {cfg.grad_compression} with --zero {cfg.zero}: compression works "
+         "with all-reduced (--zero 0) and ZeRO-1 gradients, not ZeRO-2/3 shards")
     need(cfg.ranks_per_node == 0 or cfg.hierarchical_reduce,
          "--ranks-per-node applies to --hierarchical-reduce")
     need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")

@@ -208,6 +208,10 @@ def _rng_file(rank):
     return f"rng.rank{rank:05d}.json"
 
 
+def _comm_file(rank):
+    return f"compression.rank{rank:05d}.safetensors"
+
+
 def _layout(cfg, world, model):
     first = _chunks(model)[0]
     size = world.size if world is not None else 1
@@ -223,7 +227,7 @@ class _Save:
     (write: the files)."""
 
     def __init__(self, root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir,
-                 world, loss_scaler, params, grid, nonfinite, snapshot):
+                 world, loss_scaler, params, grid, nonfinite, compressors=(), snapshot=False):
         self.world = world
         self.rank, self.size = (world.rank, world.size) if world is not None else (0, 1)
         self.root, self.name = root, td.checkpoint.step_dir_name(step)
@@ -237,6 +241,9 @@ class _Save:
             self.pieces = [(n, shape, box, t.to("cpu").clone()) for n, shape, box, t in
                            self.pieces]
         self.rng = json.dumps(_rng_state(model)).encode()
+        # The compressors' error feedback (per rank, Note [Error feedback]): "<i>/<name>".
+        self.comm_state = {f"{i}/{k}": v.to("cpu").clone() if snapshot else v
+                           for i, c in enumerate(compressors) for k, v in c.state().items()}
         self.tokenizer_dir = tokenizer_dir if self.rank == 0 else None
         self.meta = None
         if self.rank == 0:
@@ -269,6 +276,8 @@ class _Save:
         """This rank's files (and, on ranks other than 0, its manifest)."""
         _ck.write_pieces(self.writer._w, self.rank, self.pieces)
         self.writer.write_bytes(_rng_file(self.rank), self.rng)
+        if self.comm_state:
+            self.writer.write_tensors(_comm_file(self.rank), self.comm_state)
         if self.tokenizer_dir:
             for f in ("vocab.json", "merges.txt"):
                 self.writer.copy_file(f, os.path.join(self.tokenizer_dir, f))
@@ -284,7 +293,7 @@ class _Save:
 
 
 def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir=None,
-         world=None, loss_scaler=None, params=None, grid=None, nonfinite=None):
+         world=None, loss_scaler=None, params=None, grid=None, nonfinite=None, compressors=()):
     """Writes SAVE/step_XXXXXXXX atomically and points SAVE/latest at it; returns its path.
     Every rank writes its pieces and RNG file (Note [Sharded saving] in checkpoint.h: rank 0
     prepares the directory, then the others join, then rank 0 commits). `loss_scaler`: the fp16
@@ -292,9 +301,10 @@ def save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir
     the parameters to write instead of the model's (ZeRO-3: FullyShardedDataParallel.
     full_parameters(), gathered by every rank before the call). `grid`: the run's ProcessGrid
     (None for one process), which says which replica saves. `nonfinite`: the --on-nonfinite
-    skip counters ({"skips", "consecutive"}), into meta.json ("nonfinite")."""
+    skip counters ({"skips", "consecutive"}), into meta.json ("nonfinite"). `compressors`: the
+    gradient compressors of this rank, whose error feedback goes into a per-rank file."""
     job = _Save(root, step, model, opt, cfg, model_cfg, consumed_samples, tokenizer_dir, world,
-                loss_scaler, params, grid, nonfinite, snapshot=False)
+                loss_scaler, params, grid, nonfinite, snapshot=False, compressors=compressors)
     job.write()
     if world is not None:
         world.barrier()
@@ -422,7 +432,7 @@ def _saved_step(reader, meta):
     return 0
 
 
-def load(path, model, opt, cfg, world=None, fsdp=None):
+def load(path, model, opt, cfg, world=None, fsdp=None, compressors=()):
     """Restores model, optimizer and RNG state from the step directory `path` into freshly
     built objects, at this run's layout whatever layout saved it (Note [Layout-free
     checkpoints]); refuses a checkpoint of another model (naming every differing field) or of
@@ -497,6 +507,17 @@ def load(path, model, opt, cfg, world=None, fsdp=None):
     elif "rng" in meta:
         for ch in _chunks(model):
             _set_gen(ch.dropout_generator, meta["rng"]["dropout"])
+    # Error feedback is per rank: restored at the same layout, else it starts at zero (what
+    # the residuals carried is then lost, as after a change of dp in any compressed run).
+    comm_restored = False
+    if compressors and same_layout and reader.has_file(_comm_file(rank)):
+        saved_comm = reader.read_tensors(_comm_file(rank))
+        for i, c in enumerate(compressors):
+            prefix = f"{i}/"
+            c.load_state({k[len(prefix):]: v for k, v in saved_comm.items()
+                          if k.startswith(prefix)})
+        comm_restored = True
     return {"step": meta["step"], "consumed_samples": meta["data"]["consumed_samples"],
             "loss_scaler": meta.get("loss_scaler"), "nonfinite": meta.get("nonfinite"),
-            "resharded": not same_layout}
+            "resharded": not same_layout,
+            "error_feedback_reset": bool(compressors) and not comm_restored}

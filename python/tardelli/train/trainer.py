@@ -483,6 +483,16 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
         rpn = cfg.ranks_per_node or dist.ranks_per_node_from_env(world.size)
         return dist.hierarchical(g, grid.group_ranks(axes), rpn)
 
+    def compressor():
+        """A fresh compressor for one DDP (Note [Error feedback] in include/tardelli/
+        distributed/grad_compression.h), or None."""
+        if cfg.grad_compression == "powersgd":
+            return dist.powersgd_compressor(cfg.powersgd_rank, cfg.seed)
+        if cfg.grad_compression in ("topk", "randomk"):
+            return dist.topk_compressor(cfg.topk_ratio, cfg.grad_compression == "randomk",
+                                        cfg.seed)
+        return None
+
     if world is not None and cfg.zero == 3:
         # ZeRO-3: parameters sharded over dp between uses, gathered per block (fully_sharded.h).
         fsdp = dist.FullyShardedDataParallel(chunks, group=reduction_group("dp"))
@@ -493,7 +503,8 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
         ddp = dist.ExpertDataParallel(
             named, reduction_group("dp"), reduction_group("edp"), cfg.ep,
             bucket_mb=cfg.ddp_bucket_mb, zero=cfg.zero,
-            own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
+            own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else (),
+            compressor=compressor if cfg.grad_compression != "none" else None)
     elif world is not None:
         # Note [Data parallel step]: gradients live in the DDP's buckets (param.grad are views
         # into them, never set to None); a bucket's reduction starts as soon as backward has
@@ -504,7 +515,8 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
         ddp = dist.DistributedDataParallel(
             named, group=reduction_group("dp-cp" if cfg.cp > 1 else "dp"),
             bucket_mb=cfg.ddp_bucket_mb,
-            zero=cfg.zero, own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else ())
+            zero=cfg.zero, own_bucket=("wte.weight",) if cfg.zero == 2 and cfg.pp > 1 else (),
+            compressor=compressor())
     if cfg.zero and cfg.ep > 1:
         opt = dist.ExpertDistributedOptimizer(ddp, groups, lr=cfg.lr,
                                               betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
@@ -548,6 +560,10 @@ def train(cfg, world=None, out=print):
     moe = mcfg.num_experts > 0  # cp and sequence parallelism are refused (config.validate_moe)
     dp_group = grid.dp() if grid is not None else None
     pp_group = grid.pp() if cfg.pp > 1 else None
+    # The gradient compressors (their error feedback is checkpointed per rank).
+    compressors = [p.compressor for p in
+                   ([ddp.dense, ddp.experts] if hasattr(ddp, "dense") else [ddp])
+                   if p is not None and getattr(p, "compressor", None) is not None]
     lr_at = schedule(cfg)
     # Note [fp16 loss scaling]: fp16 activations need the loss scaled up before backward; the
     # scaler (C++ optim/loss_scaler.h, torch's GradScaler rules) skips a step whose gradients
@@ -590,7 +606,11 @@ def train(cfg, world=None, out=print):
                 out(f"train: --resume: no checkpoint under {cfg.save} yet (supervised attempt "
                     f"{attempt}); starting from scratch")
         else:
-            info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp)
+            info = ckpt.load(latest, chunks if cfg.pp > 1 else model, opt, cfg, world, fsdp,
+                             compressors)
+            if info["error_feedback_reset"] and is_main:
+                out("train: --resume at another layout: the gradient compressors' error "
+                    "feedback starts at zero")
             start_step, consumed = info["step"], info["consumed_samples"]
             resharded = info["resharded"]
             resumed_from = latest
@@ -839,7 +859,7 @@ def train(cfg, world=None, out=print):
                              data.tokenizer_dir, world, scaler,
                              fsdp.full_parameters() if fsdp is not None else None, grid,
                              {"skips": skips, "consecutive": consecutive}
-                             if cfg.on_nonfinite == "skip" else None)
+                             if cfg.on_nonfinite == "skip" else None, compressors)
                 if saver is not None:
                     committed = saver.wait()  # at most one save in flight
                     if committed and is_main:
