@@ -97,6 +97,20 @@ inline void expect_close(const Tensor& a, const Tensor& b, const std::string& wh
   EXPECT_LE(norm_diff_ratio(a, b), rtol) << what;
 }
 
+// Every bucket of `got` close to `want`'s (Note [DP tolerance]): the averaged gradient, or with
+// reduce_scatter this rank's shard of it. Both DDPs must have the same buckets.
+inline void expect_same_bucket_grads(const distributed::DistributedDataParallel& got,
+                                     const distributed::DistributedDataParallel& want,
+                                     const std::string& what) {
+  ASSERT_EQ(got.buckets().size(), want.buckets().size()) << what;
+  const bool shards = want.options().reduce_scatter;
+  for (size_t b = 0; b < want.buckets().size(); ++b) {
+    expect_close(shards ? got.shard_grad(b) : got.buckets()[b].buffer,
+                 shards ? want.shard_grad(b) : want.buckets()[b].buffer,
+                 what + " bucket " + std::to_string(b) + (shards ? " shard" : ""));
+  }
+}
+
 // torch-style AdamW groups from the model's (decay, no-decay) split.
 inline std::vector<optim::ParamGroup> adamw_groups(const models::GPT& m, double wd) {
   std::vector<optim::ParamGroup> out;

@@ -27,3 +27,20 @@ def run(nproc, module, *args, check=True, timeout=120):
 def metrics(path):
     """The records of a --metrics-file (JSON lines)."""
     return [json.loads(line) for line in open(path)]
+
+
+def make_corpus(d, seed=0):
+    """A small regular corpus (sentences of a tiny grammar) under directory `d`, preprocessed
+    into a byte-level BPE of 300 tokens; returns the dataset prefix (for --data)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    subj = ["the cat", "a dog", "my friend", "the old man", "every child"]
+    verb = ["sees", "likes", "finds", "follows", "paints"]
+    obj = ["the red ball", "a small house", "the river", "an open door"]
+    docs = [" ".join(f"{subj[rng.integers(5)]} {verb[rng.integers(5)]} {obj[rng.integers(4)]}."
+                     for _ in range(rng.integers(2, 6))) for _ in range(300)]
+    (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    run(1, "tardelli.data.preprocess", "--input", d / "corpus.txt", "--output-prefix",
+        d / "corpus", "--vocab-size", "300", timeout=300)
+    return str(d / "corpus")
+

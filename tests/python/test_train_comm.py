@@ -9,7 +9,7 @@ import pytest
 import tardelli as td
 from tardelli.train import config as C
 
-from cli_runner import metrics, run
+from cli_runner import make_corpus, metrics, run
 
 BASE = ["--synthetic-data", "--vocab-size", "128", "--layers", "2", "--d-model", "64",
         "--heads", "2", "--seq-len", "16", "--global-batch-size", "8", "--micro-batch-size",
@@ -92,18 +92,8 @@ def test_powersgd_rank_beyond_a_matrix_is_an_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A small regular corpus (sentences of a tiny grammar), byte-level BPE of 300 tokens."""
-    d = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(1)
-    subj = ["the cat", "a dog", "my friend", "the old man", "every child"]
-    verb = ["sees", "likes", "finds", "follows", "paints"]
-    obj = ["the red ball", "a small house", "the river", "an open door"]
-    docs = [" ".join(f"{subj[rng.integers(5)]} {verb[rng.integers(5)]} {obj[rng.integers(4)]}."
-                     for _ in range(rng.integers(2, 6))) for _ in range(300)]
-    (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    run(1, "tardelli.data.preprocess", "--input", d / "corpus.txt", "--output-prefix",
-        d / "corpus", "--vocab-size", "300", timeout=300)
-    return str(d / "corpus")
+    """A small regular corpus, byte-level BPE of 300 tokens (cli_runner.make_corpus)."""
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=1)
 
 
 CONVERGE = ["--layers", "2", "--d-model", "64", "--heads", "2", "--seq-len", "32",

@@ -12,7 +12,7 @@ import pytest
 import tardelli as td
 from tardelli.train import config as C
 
-from cli_runner import run
+from cli_runner import make_corpus, run
 
 # 8 samples per step in micro-batches of 4: one rank accumulates 2, two ranks take one each, so
 # every forward (and its auxiliary losses and capacity) sees the same tokens in both layouts.
@@ -147,18 +147,8 @@ def test_full_recompute_counts_each_forward_once(reference, tmp_path):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A small regular corpus (sentences of a tiny grammar), byte-level BPE of 300 tokens."""
-    d = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    subj = ["the cat", "a dog", "my friend", "the old man", "every child"]
-    verb = ["sees", "likes", "finds", "follows", "paints"]
-    obj = ["the red ball", "a small house", "the river", "an open door"]
-    docs = [" ".join(f"{subj[rng.integers(5)]} {verb[rng.integers(5)]} {obj[rng.integers(4)]}."
-                     for _ in range(rng.integers(2, 6))) for _ in range(300)]
-    (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    run(1, "tardelli.data.preprocess", "--input", d / "corpus.txt", "--output-prefix",
-        d / "corpus", "--vocab-size", "300", timeout=300)
-    return str(d / "corpus")
+    """A small regular corpus, byte-level BPE of 300 tokens (cli_runner.make_corpus)."""
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=0)
 
 
 def test_moe_loss_falls_on_a_corpus(corpus, tmp_path):
