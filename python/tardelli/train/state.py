@@ -221,6 +221,11 @@ def _layout(cfg, world, model):
             "sequence_parallel": first.sequence_parallel}
 
 
+def _host_copy(t):
+    """A host tensor with `t`'s values that nothing else holds (one copy either way)."""
+    return t.clone() if t.device.type == "cpu" else t.to("cpu")
+
+
 class _Save:
     """One checkpoint save of this rank, split into what must run on the training thread
     (prepare: the pieces, the writer, the metadata; commit) and what may run in the background
@@ -238,11 +243,10 @@ class _Save:
         if snapshot:
             # Note [Async save]: host copies of every piece, taken now; the step's tensors may
             # change as soon as this returns.
-            self.pieces = [(n, shape, box, t.to("cpu").clone()) for n, shape, box, t in
-                           self.pieces]
+            self.pieces = [(n, shape, box, _host_copy(t)) for n, shape, box, t in self.pieces]
         self.rng = json.dumps(_rng_state(model)).encode()
         # The compressors' error feedback (per rank, Note [Error feedback]): "<i>/<name>".
-        self.comm_state = {f"{i}/{k}": v.to("cpu").clone() if snapshot else v
+        self.comm_state = {f"{i}/{k}": _host_copy(v) if snapshot else v
                            for i, c in enumerate(compressors) for k, v in c.state().items()}
         self.tokenizer_dir = tokenizer_dir if self.rank == 0 else None
         self.meta = None
