@@ -1,7 +1,13 @@
 #include "tardelli/distributed/hierarchical.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/copy.h"
@@ -12,18 +18,99 @@ namespace td::distributed {
 
 namespace {
 
-class DoneWork final : public Work {
+// Note [Two-level worker]: a two-level collective is several collectives in a row, so it runs
+// on a thread of its own: every operation of the communicator (collective or not) is queued to
+// that worker and runs there in submission order, which is the same order on every rank; the
+// groups underneath (node, cross-node, flat) are only ever used by the worker, so their
+// operations are issued in one order too. An async_op request returns at once with a Work that
+// completes when the worker has run it (DDP's buckets then reduce while backward goes on); a
+// blocking request waits for it. A failure (a timeout underneath) is rethrown by wait().
+class Worker {
  public:
-  void wait() override {}
-  bool is_completed() override { return true; }
+  struct Task {
+    std::function<void()> run;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  std::shared_ptr<Task> submit(std::function<void()> run) {
+    auto t = std::make_shared<Task>();
+    t->run = std::move(run);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(t);
+    }
+    cv_.notify_all();
+    return t;
+  }
+
+ private:
+  void loop() {
+    while (true) {
+      std::shared_ptr<Task> t;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        t = queue_.front();
+        queue_.pop_front();
+      }
+      try {
+        autograd::NoGradGuard ng;
+        t->run();
+      } catch (...) {
+        t->error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(t->mu);
+        t->done = true;
+      }
+      t->cv.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+class QueuedWork final : public Work {
+ public:
+  explicit QueuedWork(std::shared_ptr<Worker::Task> t) : t_(std::move(t)) {}
+  void wait() override {
+    std::unique_lock<std::mutex> lock(t_->mu);
+    t_->cv.wait(lock, [&] { return t_->done; });
+    if (t_->error) std::rethrow_exception(t_->error);
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(t_->mu);
+    return t_->done;
+  }
+
+ private:
+  std::shared_ptr<Worker::Task> t_;
 };
 
 // Note [Two-level collectives].
 class HierarchicalCommunicator final : public Communicator {
  public:
-  HierarchicalCommunicator(CommPtr flat, CommPtr intra, CommPtr cross, int nodes, int per_node,
-                           bool equal)
-      : Communicator(flat->rank(), flat->size(), flat->name() + "(hier)", flat->options()),
+  HierarchicalCommunicator(const std::string& name, CommPtr flat, CommPtr intra, CommPtr cross,
+                           int nodes, int per_node, bool equal)
+      : Communicator(flat->rank(), flat->size(), name, flat->options()),
         flat_(std::move(flat)),
         intra_(std::move(intra)),
         cross_(std::move(cross)),
@@ -35,12 +122,54 @@ class HierarchicalCommunicator final : public Communicator {
   const CommPtr& cross() const { return cross_; }
 
  protected:
-  WorkPtr do_all_reduce(Tensor& t, ReduceOp op, bool /*async_op*/) override {
+  WorkPtr do_all_reduce(Tensor& t, ReduceOp op, bool async_op) override {
+    return run(async_op, [this, t, op]() mutable { all_reduce_now(t, op); });
+  }
+  WorkPtr do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op, bool async_op) override {
+    return run(async_op, [this, out, in, op]() mutable { reduce_scatter_now(out, in, op); });
+  }
+  WorkPtr do_all_gather(Tensor& out, const Tensor& in, bool async_op) override {
+    return run(async_op, [this, out, in]() mutable { all_gather_now(out, in); });
+  }
+  WorkPtr do_broadcast(Tensor& t, int root, bool async_op) override {
+    return run(async_op, [this, t, root]() mutable { flat_->broadcast(t, root); });
+  }
+  WorkPtr do_send(const Tensor& t, int dst, int tag, bool async_op) override {
+    return run(async_op, [this, t, dst, tag] { flat_->send(t, dst, tag); });
+  }
+  WorkPtr do_recv(Tensor& t, int src, int tag, bool async_op) override {
+    return run(async_op, [this, t, src, tag]() mutable { flat_->recv(t, src, tag); });
+  }
+  WorkPtr do_all_to_all(Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
+                        const std::vector<int64_t>& in_splits, bool async_op) override {
+    return run(async_op, [this, out, in, out_splits, in_splits]() mutable {
+      flat_->all_to_all(out, in, out_splits, in_splits);
+    });
+  }
+  void do_barrier() override {
+    run(false, [this] { flat_->barrier(); });
+  }
+  CommPtr do_split(int color, int key, const std::string& name) override {
+    CommPtr out;
+    run(false, [&] { out = flat_->split(color, key, name); });
+    return out;
+  }
+  // The groups underneath check their own calls.
+  void check_consistency(const char*, DType, int64_t, int64_t) override {}
+
+ private:
+  // Note [Two-level worker]: queued; a blocking request waits here.
+  WorkPtr run(bool async_op, std::function<void()> f) {
+    auto w = std::make_shared<QueuedWork>(worker_.submit(std::move(f)));
+    if (!async_op) w->wait();
+    return w;
+  }
+
+  void all_reduce_now(Tensor& t, ReduceOp op) {
     if (op == ReduceOp::Max || op == ReduceOp::Min || nodes_ == 1 || per_node_ == 1) {
       flat_->all_reduce(t, op);
-      return done();
+      return;
     }
-    autograd::NoGradGuard ng;
     if (equal_) {
       const int64_t n = t.numel(), L = per_node_, chunk = (n + L - 1) / L;
       Tensor buf = zeros({L * chunk}, {t.dtype(), t.device(), false});
@@ -56,16 +185,13 @@ class HierarchicalCommunicator final : public Communicator {
       intra_->broadcast(t, 0);
     }
     if (op == ReduceOp::Avg) mul_(t, 1.0 / size());
-    return done();
   }
 
-  WorkPtr do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op,
-                            bool /*async_op*/) override {
+  void reduce_scatter_now(Tensor& out, const Tensor& in, ReduceOp op) {
     if (!equal_ || op == ReduceOp::Max || op == ReduceOp::Min || nodes_ == 1 || per_node_ == 1) {
       flat_->reduce_scatter(out, in, op);
-      return done();
+      return;
     }
-    autograd::NoGradGuard ng;
     const int64_t S = out.numel(), M = nodes_, L = per_node_;
     // Blocks [M][L][S] (member m L + l's block at m, l) reordered to [L][M][S].
     Tensor y = in.reshape({M, L, S}).permute({1, 0, 2}).contiguous().reshape({L * M * S});
@@ -73,50 +199,25 @@ class HierarchicalCommunicator final : public Communicator {
     intra_->reduce_scatter(mid, y, ReduceOp::Sum);    // chunk l: {block m L + l : m}, node sum
     cross_->reduce_scatter(out, mid, ReduceOp::Sum);  // block m L + l, summed over nodes
     if (op == ReduceOp::Avg) mul_(out, 1.0 / size());
-    return done();
   }
 
-  WorkPtr do_all_gather(Tensor& out, const Tensor& in, bool /*async_op*/) override {
+  void all_gather_now(Tensor& out, const Tensor& in) {
     if (!equal_ || nodes_ == 1 || per_node_ == 1) {
       flat_->all_gather(out, in);
-      return done();
+      return;
     }
-    autograd::NoGradGuard ng;
     const int64_t S = in.numel(), M = nodes_, L = per_node_;
     Tensor mid = Tensor::empty({M * S}, in.dtype(), in.device());
     cross_->all_gather(mid, in.reshape({S}));  // [M][S] of local index l
     Tensor all = Tensor::empty({L * M * S}, in.dtype(), in.device());
     intra_->all_gather(all, mid);  // [L][M][S]
     out.copy_(all.reshape({L, M, S}).permute({1, 0, 2}).contiguous().view(out.sizes()));
-    return done();
   }
-
-  WorkPtr do_broadcast(Tensor& t, int root, bool async_op) override {
-    return flat_->broadcast(t, root, async_op);
-  }
-  WorkPtr do_send(const Tensor& t, int dst, int tag, bool async_op) override {
-    return flat_->send(t, dst, tag, async_op);
-  }
-  WorkPtr do_recv(Tensor& t, int src, int tag, bool async_op) override {
-    return flat_->recv(t, src, tag, async_op);
-  }
-  WorkPtr do_all_to_all(Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
-                        const std::vector<int64_t>& in_splits, bool async_op) override {
-    return flat_->all_to_all(out, in, out_splits, in_splits, async_op);
-  }
-  void do_barrier() override { flat_->barrier(); }
-  CommPtr do_split(int color, int key, const std::string& name) override {
-    return flat_->split(color, key, name);
-  }
-  // The groups underneath check their own calls.
-  void check_consistency(const char*, DType, int64_t, int64_t) override {}
-
- private:
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
 
   CommPtr flat_, intra_, cross_;
   int nodes_, per_node_;
   bool equal_;
+  Worker worker_;  // last: destroyed (joined) first, while the groups it uses still exist
 };
 
 }  // namespace
@@ -146,13 +247,16 @@ CommPtr hierarchical(const CommPtr& flat, const std::vector<int>& nodes) {
   const int per_node = count.begin()->second;
   const bool equal = std::all_of(count.begin(), count.end(),
                                  [&](const auto& kv) { return kv.second == per_node; });
+  // Note [Two-level worker]: the worker is the only user of every group it runs on, so the flat
+  // operations get a private copy of `flat` (whose owner may use it from its own thread).
+  CommPtr own = flat->split(0, flat->rank(), flat->name() + ".flat");
   CommPtr intra = flat->split(me, flat->rank(), flat->name() + ".node");
   // Equal nodes: members with the same local index; otherwise the nodes' first members.
   const int color = equal ? local : (local == 0 ? 0 : -1);
   CommPtr cross = flat->split(color, flat->rank(), flat->name() + ".cross");
-  return std::make_shared<HierarchicalCommunicator>(flat, std::move(intra), std::move(cross),
-                                                    static_cast<int>(count.size()),
-                                                    equal ? per_node : 0, equal);
+  return std::make_shared<HierarchicalCommunicator>(
+      flat->name() + "(hier)", own, std::move(intra), std::move(cross),
+      static_cast<int>(count.size()), equal ? per_node : 0, equal);
 }
 
 CommPtr cross_node_group(const CommPtr& comm) {

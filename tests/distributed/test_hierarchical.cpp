@@ -83,6 +83,35 @@ TEST(Hierarchical, CollectivesEqualFlat) {
   }
 }
 
+// Property (Note [Two-level worker]): async operations return at once and run in submission
+// order on the communicator's worker: several all-reduces and a reduce-scatter in flight, waited
+// for in reverse order, give the flat results bitwise; a blocking call after them sees them done.
+TEST(Hierarchical, AsyncOperationsRunInOrder) {
+  const CommPtr w = world();
+  const int P = w->size(), r = w->rank();
+  std::vector<int> ranks(static_cast<size_t>(P));
+  for (int k = 0; k < P; ++k) ranks[static_cast<size_t>(k)] = k;
+  const CommPtr h = hierarchical(w, nodes_of(ranks, P >= 4 ? 2 : 1));
+  std::vector<Tensor> mine, want;
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 5; ++k) {
+    Tensor a = input(r, 100 + k, 20 + static_cast<uint64_t>(k));
+    Tensor b = a.clone();
+    w->all_reduce(b, ReduceOp::Sum);
+    want.push_back(b);
+    mine.push_back(a);
+    works.push_back(h->all_reduce(mine.back(), ReduceOp::Sum, /*async_op=*/true));
+  }
+  Tensor in = input(r, 8 * P, 40), out = Tensor::empty({8}, DType::Float32, kCPU);
+  Tensor flat_out = out.clone();
+  w->reduce_scatter(flat_out, in, ReduceOp::Sum);
+  works.push_back(h->reduce_scatter(out, in, ReduceOp::Sum, /*async_op=*/true));
+  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
+  for (size_t k = 0; k < mine.size(); ++k) EXPECT_TRUE(same_bytes(mine[k], want[k])) << k;
+  EXPECT_TRUE(same_bytes(out, flat_out));
+  h->barrier();
+}
+
 // Property: the cross-node step of an all-reduce of n fp32 carries n / ranks_per_node elements
 // per rank (its input bytes), against n for the flat collective.
 TEST(Hierarchical, CrossNodeBytesShrinkByRanksPerNode) {

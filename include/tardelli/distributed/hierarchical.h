@@ -22,8 +22,9 @@
 // sums and divides once by the group size at the end; Max and Min run flat. The other operations
 // (broadcast, point to point, all_to_all, barrier, split) are the flat communicator's.
 //
-// The collectives are issued one after the other and complete before they return (an async_op
-// request gets a completed Work): a DDP bucket reduced this way does not overlap backward.
+// Every operation runs on the communicator's own worker thread, in submission order (Note
+// [Two-level worker] in src/distributed/hierarchical.cpp): an async_op request returns at once,
+// so a DDP bucket reduced this way overlaps backward like a flat one.
 #include <vector>
 
 #include "tardelli/distributed/communicator.h"
