@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "distributed/worker.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
@@ -34,15 +35,6 @@ namespace td::distributed {
 // State, so a hook that fires after the DDP is gone does nothing, and the DDP itself could be
 // moved without the hooks noticing. A mutex guards the state in case the engine runs
 // AccumulateGrad on another thread.
-namespace {
-// A compressed bucket's reduction has finished when launch() returns.
-class CompletedWork final : public Work {
- public:
-  void wait() override {}
-  bool is_completed() override { return true; }
-};
-}  // namespace
-
 struct DistributedDataParallel::State {
   CommPtr comm;
   DDPOptions opt;
@@ -69,6 +61,7 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> launch_hooks;
   double wait_seconds = 0;
   std::mutex mu;
+  std::unique_ptr<Worker> worker;  // compressed buckets (Note [Compressed buckets])
 
   ReduceOp op() const { return opt.average ? ReduceOp::Avg : ReduceOp::Sum; }
 
@@ -119,18 +112,25 @@ struct DistributedDataParallel::State {
       mul_(bk.buffer, opt.grad_scale);
     }
     if (opt.compressor) {
-      // Note [Error feedback] in grad_compression.h: the compressor exchanges and decompresses
-      // now; the bucket then holds the mean (ZeRO-1: this rank's shard is copied out of it).
+      // Note [Compressed buckets]: the compressor exchanges and decompresses on the DDP's worker
+      // thread (buckets in launch order, so every rank issues the same collectives), while
+      // backward goes on; the bucket then holds the mean (ZeRO-1: this rank's shard is copied
+      // out of it). Only the worker touches the compressor until finish_grad_sync has waited.
       std::vector<CompressedParam> ps;
       for (size_t i : bk.params)
         ps.push_back({params[i].name, params[i].param.sizes(), params[i].offset, params[i].numel});
       Tensor used = bk.buffer.narrow(0, 0, bk.numel);
-      opt.compressor->reduce(b, used, ps, comm, opt.average);
-      if (opt.reduce_scatter) {
-        autograd::NoGradGuard no_grad;
-        copy_into(rs_out[b], bk.buffer.narrow(0, comm->rank() * bk.shard_numel, bk.shard_numel));
-      }
-      work[b] = std::make_shared<CompletedWork>();
+      Tensor shard_out = opt.reduce_scatter ? rs_out[b] : Tensor();
+      Tensor shard_in = opt.reduce_scatter
+                            ? bk.buffer.narrow(0, comm->rank() * bk.shard_numel, bk.shard_numel)
+                            : Tensor();
+      if (!worker) worker = std::make_unique<Worker>();
+      work[b] = std::make_shared<QueuedWork>(
+          worker->submit([c = opt.compressor, b, used, ps = std::move(ps), cm = comm,
+                          avg = opt.average, shard_out, shard_in]() mutable {
+            c->reduce(b, used, ps, cm, avg);
+            if (shard_out.defined()) copy_into(shard_out, shard_in);
+          }));
       ++collectives;
       launch_hooks[b] = hooks;
       return;

@@ -1,14 +1,10 @@
 #include "tardelli/distributed/hierarchical.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <map>
-#include <mutex>
-#include <thread>
 
+#include "distributed/worker.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
@@ -19,92 +15,14 @@ namespace td::distributed {
 namespace {
 
 // Note [Two-level worker]: a two-level collective is several collectives in a row, so it runs
-// on a thread of its own: every operation of the communicator (collective or not) is queued to
-// that worker and runs there in submission order, which is the same order on every rank; the
-// groups underneath (node, cross-node, flat) are only ever used by the worker, so their
-// operations are issued in one order too. An async_op request returns at once with a Work that
-// completes when the worker has run it (DDP's buckets then reduce while backward goes on); a
-// blocking request waits for it. A failure (a timeout underneath) is rethrown by wait().
-class Worker {
- public:
-  struct Task {
-    std::function<void()> run;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::exception_ptr error;
-  };
-
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  std::shared_ptr<Task> submit(std::function<void()> run) {
-    auto t = std::make_shared<Task>();
-    t->run = std::move(run);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(t);
-    }
-    cv_.notify_all();
-    return t;
-  }
-
- private:
-  void loop() {
-    while (true) {
-      std::shared_ptr<Task> t;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, nothing left
-        t = queue_.front();
-        queue_.pop_front();
-      }
-      try {
-        autograd::NoGradGuard ng;
-        t->run();
-      } catch (...) {
-        t->error = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(t->mu);
-        t->done = true;
-      }
-      t->cv.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Task>> queue_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts after the members above exist
-};
-
-class QueuedWork final : public Work {
- public:
-  explicit QueuedWork(std::shared_ptr<Worker::Task> t) : t_(std::move(t)) {}
-  void wait() override {
-    std::unique_lock<std::mutex> lock(t_->mu);
-    t_->cv.wait(lock, [&] { return t_->done; });
-    if (t_->error) std::rethrow_exception(t_->error);
-  }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(t_->mu);
-    return t_->done;
-  }
-
- private:
-  std::shared_ptr<Worker::Task> t_;
-};
-
+// on a thread of its own (worker.h): every operation of the communicator (collective or not) is
+// queued to that worker and runs there in submission order, which is the same order on every
+// rank; the groups underneath (node, cross-node, a private copy of the flat group) are only ever
+// used by the worker, so their operations are issued in one order too. An async_op request
+// returns at once with a Work that completes when the worker has run it (DDP's buckets then
+// reduce while backward goes on); a blocking request waits for it. A failure (a timeout
+// underneath) is rethrown by wait().
+//
 // Note [Two-level collectives].
 class HierarchicalCommunicator final : public Communicator {
  public:

@@ -73,9 +73,10 @@ struct DDPOptions {
   // python/tardelli/distributed/expert_parallel.py).
   double grad_scale = 1.0;
   // Compressed reduction (distributed/grad_compression.h: PowerSGD, top-k): each bucket is
-  // handed to the compressor (synchronously, at launch) instead of all-reduced; with
-  // reduce_scatter (ZeRO-1) this rank's shard is then taken from the decompressed mean. Not
-  // with shard_grads (ZeRO-2/3).
+  // handed to the compressor instead of all-reduced, on the DDP's worker thread in launch order
+  // (overlapping backward); with reduce_scatter (ZeRO-1) this rank's shard is then taken from
+  // the decompressed mean. Not with shard_grads (ZeRO-2/3). While buckets are in flight the
+  // group must not be used from another thread.
   std::shared_ptr<GradCompressor> compressor = nullptr;
 };
 

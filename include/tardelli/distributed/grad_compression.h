@@ -27,8 +27,9 @@
 // the host.
 //
 // The compressors keep per-rank state (residuals, PowerSGD's Q) under stable names for
-// checkpoints (state() / load_state()); they run synchronously inside the DDP launch (no overlap
-// with backward).
+// checkpoints (state() / load_state()). A DDP runs them on its worker thread, bucket after
+// bucket, while backward goes on (Note [Compressed buckets] in data_parallel.cpp); state() and
+// load_state() belong between steps (after finish_grad_sync).
 #include <cstdint>
 #include <map>
 #include <memory>
