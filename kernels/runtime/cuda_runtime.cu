@@ -1,10 +1,13 @@
 // The public CUDA runtime entry points (include/tardelli/core/cuda_runtime.h) of the CUDA build.
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "device/device_query.cuh"
 #include "runtime/cuda_allocator.cuh"
 #include "runtime/cuda_check.cuh"
 #include "runtime/device_guard.cuh"
+#include "runtime/stream.cuh"
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/core/error.h"
 
@@ -19,7 +22,37 @@ void check_device(const char* what, int device) {
   TD_CHECK(device < n, what, ": CUDA device ", device, " does not exist (", n, " visible)");
 }
 
+// Note [Host snapshot]: one snapshot stream per device, created on first use.
+cuda::Stream snapshot_stream(int device) {
+  static std::mutex mu;
+  static std::map<int, cuda::Stream> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams.find(device);
+  if (it == streams.end()) it = streams.emplace(device, cuda::Stream::create(device)).first;
+  return it->second;
+}
+
 }  // namespace
+
+void snapshot_to_host_async(void* dst, const void* src, size_t nbytes, int device) {
+  check_device("snapshot_to_host_async", device);
+  if (nbytes == 0) return;
+  cuda::DeviceGuard guard(device);
+  cuda::Stream main = cuda::current_stream(device);
+  cuda::Stream side = snapshot_stream(device);
+  cuda::Event ready;
+  ready.record(main);
+  side.wait(ready);  // after what the training queued so far
+  cuda::copy_d2h(dst, src, nbytes, side);
+  cuda::Event copied;
+  copied.record(side);
+  main.wait(copied);  // later work (an optimizer step) may overwrite src only after the copy
+}
+
+void wait_host_snapshots(int device) {
+  check_device("wait_host_snapshots", device);
+  snapshot_stream(device).synchronize();
+}
 
 bool cuda_is_built() {
   return true;

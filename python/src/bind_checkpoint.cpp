@@ -7,6 +7,7 @@
 #include "tardelli/checkpoint/checkpoint.h"
 #include "tardelli/checkpoint/sharded_state.h"
 #include "tardelli/checkpoint/training_state.h"
+#include "tardelli/ops/copy.h"
 
 namespace td::python {
 
@@ -156,6 +157,9 @@ void init_checkpoint(py::module_& m, TensorClass& /*cls*/) {
       .def("read_full", &ck::PieceIndex::read_full, "name"_a, nogil())
       .def("release", &ck::PieceIndex::release);
 
+  // Asynchronous saves (ops/copy.h: Note [Host snapshot]).
+  cm.def("host_snapshot", &host_snapshot, "tensor"_a, nogil());
+  cm.def("wait_host_snapshot", &wait_host_snapshot, "device"_a, nogil());
   cm.def("step_dir_name", &ck::step_dir_name, "step"_a);
   cm.def("update_latest", &ck::update_latest, "root"_a, "name"_a, nogil());
   cm.def("find_latest", &ck::find_latest, "root"_a, nogil());

@@ -31,6 +31,16 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (nbytes > 0) std::memcpy(dst, src, nbytes);
 }
 
+void snapshot_to_host_async(void*, const void*, size_t nbytes, int device) {
+  TD_ERROR("snapshot_to_host_async(", nbytes, " bytes, cuda:", device,
+           "): this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+}
+
+void wait_host_snapshots(int device) {
+  TD_ERROR("wait_host_snapshots(cuda:", device,
+           "): this build of tardelli has no CUDA backend (configure with -DTD_WITH_CUDA=ON)");
+}
+
 DataPtr allocate_pinned_host(size_t nbytes) {
   TD_ERROR(
       "allocate_pinned_host(", nbytes,

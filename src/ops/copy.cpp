@@ -107,4 +107,26 @@ Tensor clone(const Tensor& t) {
   return out;
 }
 
+Tensor host_snapshot(const Tensor& t) {
+  TD_CHECK(t.defined(), "host_snapshot: undefined tensor");
+  if (t.device().is_cpu()) {
+    Tensor out = Tensor::empty(t.sizes(), t.dtype(), kCPU);
+    copy_into(out, t);
+    return out;
+  }
+  const Tensor src = t.contiguous();
+  const size_t nbytes = src.nbytes();
+  DataPtr bytes = allocate_pinned_host(nbytes);
+  auto deleter = bytes.get_deleter();
+  Storage st = Storage::wrap(bytes.release(), nbytes, kCPU, std::move(deleter));
+  Tensor out =
+      Tensor::make(std::move(st), src.sizes(), contiguous_strides(src.sizes()), 0, src.dtype());
+  snapshot_to_host_async(out.data_ptr(), src.data_ptr(), nbytes, t.device().index);
+  return out;
+}
+
+void wait_host_snapshot(Device device) {
+  if (device.is_cuda()) wait_host_snapshots(device.index);
+}
+
 }  // namespace td

@@ -25,5 +25,13 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // at full PCIe speed and asynchronously. td::Error without the CUDA backend or a device.
 // Not counted by memory_stats(kCPU).
 DataPtr allocate_pinned_host(size_t nbytes);
+// Note [Host snapshot]: queues a copy of nbytes from `src` (memory of CUDA `device`) into the
+// page-locked host buffer `dst` on the device's snapshot stream (a side stream, one per device),
+// after the work queued so far on the calling thread's current stream, and makes that current
+// stream's later work wait for the copy (so nothing overwrites `src` before it is read), all
+// without blocking the host. wait_host_snapshots(device) blocks any thread until every snapshot
+// copy queued so far on the device has landed. td::Error without the CUDA backend or device.
+void snapshot_to_host_async(void* dst, const void* src, size_t nbytes, int device);
+void wait_host_snapshots(int device);
 
 }  // namespace td

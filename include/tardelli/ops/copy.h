@@ -12,5 +12,11 @@ Tensor to_dtype(const Tensor& t, DType dtype);
 // Differentiable move to another device (gradient moved back); t itself when already there.
 Tensor to_device(const Tensor& t, Device device);
 Tensor clone(const Tensor& t);  // differentiable, contiguous
+// A host copy of `t` for a background writer (asynchronous checkpoints): a CPU tensor's clone;
+// for a CUDA tensor a page-locked host tensor filled on the device's snapshot stream without
+// blocking (Note [Host snapshot] in core/cuda_runtime.h): call wait_host_snapshot(t.device())
+// before reading it. Not recorded by autograd.
+Tensor host_snapshot(const Tensor& t);
+void wait_host_snapshot(Device device);
 
 }  // namespace td

@@ -222,8 +222,10 @@ def _layout(cfg, world, model):
 
 
 def _host_copy(t):
-    """A host tensor with `t`'s values that nothing else holds (one copy either way)."""
-    return t.clone() if t.device.type == "cpu" else t.to("cpu")
+    """A host tensor with `t`'s values that nothing else holds: a clone, or for a GPU tensor a
+    page-locked buffer filled on the device's snapshot stream without blocking (Note [Host
+    snapshot] in include/tardelli/core/cuda_runtime.h; the writer waits for it)."""
+    return _ck.host_snapshot(t)
 
 
 class _Save:
@@ -240,9 +242,13 @@ class _Save:
         self.step = step
         first = _chunks(model)[0]
         self.pieces = _rank_pieces(model, opt, cfg, grid, params)
+        self.devices = []
         if snapshot:
             # Note [Async save]: host copies of every piece, taken now; the step's tensors may
             # change as soon as this returns.
+            gpus = {str(t.device): t.device for _, _, _, t in self.pieces
+                    if t.device.type != "cpu"}
+            self.devices = [gpus[k] for k in sorted(gpus)]
             self.pieces = [(n, shape, box, _host_copy(t)) for n, shape, box, t in self.pieces]
         self.rng = json.dumps(_rng_state(model)).encode()
         # The compressors' error feedback (per rank, Note [Error feedback]): "<i>/<name>".
@@ -278,6 +284,8 @@ class _Save:
 
     def write(self):
         """This rank's files (and, on ranks other than 0, its manifest)."""
+        for dev in self.devices:
+            _ck.wait_host_snapshot(dev)  # Note [Host snapshot]: the copies have landed
         _ck.write_pieces(self.writer._w, self.rank, self.pieces)
         self.writer.write_bytes(_rng_file(self.rank), self.rng)
         if self.comm_state:

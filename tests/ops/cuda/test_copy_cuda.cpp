@@ -211,3 +211,22 @@ TEST(CopyCuda, MixedDevicesAreErrorsNamingTheOp) {
   h.copy_(g);  // broadcast from CUDA
   expect_same_values(g.to(kCPU).expand({2, 4}).contiguous(), h, 0.0, "broadcast copy_ to the CPU");
 }
+
+// Note [Host snapshot]: host_snapshot of a CUDA tensor is a page-locked host copy filled on the
+// snapshot stream; work queued afterwards on the current stream (an in-place update, as the next
+// optimizer step does) waits for the copy, so after wait_host_snapshot the snapshot holds the
+// values at snapshot time, bitwise, while the device tensor holds the updated ones.
+TEST(CopyCuda, HostSnapshotKeepsTheValuesAtSnapshotTime) {
+  TD_REQUIRE_CUDA();
+  Tensor x = randn({1 << 20});
+  Tensor g = x.to(gpu());
+  Tensor snap = host_snapshot(g);
+  EXPECT_TRUE(snap.device().is_cpu());
+  mul_(g, 2.0);  // queued after the copy on the current stream
+  wait_host_snapshot(g.device());
+  EXPECT_TRUE(same_bytes(snap, x));
+  expect_same_values(mul(x, 2.0), g.to(kCPU), 0.0, "the update after the snapshot");
+  Tensor c = host_snapshot(x);  // a CPU tensor: a plain clone
+  EXPECT_TRUE(same_bytes(c, x));
+  EXPECT_NE(c.data_ptr(), x.data_ptr());
+}
