@@ -104,6 +104,24 @@ def test_stopped_rank_is_a_hang_and_restarts(reference, tmp_path):
 
 
 @needs_mpi
+def test_killed_and_stopped_ranks_in_one_run(reference, tmp_path):
+    # Property: one supervised run meets both faults: rank 1 SIGKILLed at step 3 of attempt 0,
+    # then rank 0 SIGSTOPped at step 5 of attempt 1 (past --heartbeat-timeout 4 s); the launcher
+    # restarts twice, each time from the latest checkpoint, and the final per-step losses are
+    # the fault-free run's, bitwise, with both restart events in the metrics.
+    m, save = tmp_path / "m.jsonl", tmp_path / "save"
+    p = launch_train(["--max-restarts", "2", "--heartbeat-timeout", "4"],
+                     ["--save", save, "--save-interval", "2", "--resume", "--metrics-file", m],
+                     fault="attempt0:rank1:step3:kill,attempt1:rank0:step5:stop")
+    assert p.returncode == 0, p.stderr
+    assert "attempt 0 failed: rank 1 (pid " in p.stderr
+    assert "attempt 1 failed: hang: rank 0's heartbeat stopped" in p.stderr
+    assert effective_losses(m) == reference
+    causes = [r["cause"] for r in report.read_metrics(m) if "event" in r]
+    assert len(causes) == 2 and "signal 9" in causes[0] and causes[1].startswith("hang: rank 0")
+
+
+@needs_mpi
 def test_no_restart_left_fails_with_the_cause(tmp_path):
     # Property: with --max-restarts 0 a killed rank fails the run with the rank's status
     # (128 + 9) and a message giving the cause and that no restart was left; no second attempt
@@ -237,6 +255,9 @@ def test_parse_fault():
     # Property: the test-only fault spec parses to (attempt, rank, step, signal); anything else
     # is refused with the expected form.
     assert supervisor.parse_fault("") is None
+    assert supervisor.parse_faults("attempt0:rank1:step3:kill, attempt1:rank0:step5:stop") == \
+        [(0, 1, 3, signal.SIGKILL), (1, 0, 5, signal.SIGSTOP)]
+    assert supervisor.parse_faults("") == []
     assert supervisor.parse_fault("attempt0:rank1:step3:kill") == (0, 1, 3, signal.SIGKILL)
     assert supervisor.parse_fault("attempt2:rank0:step10:stop") == (2, 0, 10, signal.SIGSTOP)
     for bad in ("attempt0:rank1:step3", "rank1:attempt0:step3:kill", "attempt0:rank1:step3:x",

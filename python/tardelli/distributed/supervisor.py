@@ -94,10 +94,16 @@ def parse_fault(spec):
     return tuple(int(p[len(k):]) for p, k in zip(parts, keys)) + (sigs[parts[3]],)
 
 
+def parse_faults(spec):
+    """TD_TEST_FAULT as a comma-separated list of faults (parse_fault each): a run can meet
+    several, e.g. a SIGKILL in attempt 0 and a SIGSTOP in attempt 1."""
+    return [parse_fault(s.strip()) for s in (spec or "").split(",") if s.strip()]
+
+
 def _inject_fault(rank, step):
-    fault = parse_fault(os.environ.get(TEST_FAULT, ""))
-    if fault is not None and fault[:3] == (attempt(), rank, step):
-        os.kill(os.getpid(), fault[3])
+    for fault in parse_faults(os.environ.get(TEST_FAULT, "")):
+        if fault[:3] == (attempt(), rank, step):
+            os.kill(os.getpid(), fault[3])
 
 
 # ---- the rank wrapper (this file run as a script) ----
