@@ -169,6 +169,36 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
              if (!t.defined()) return std::nullopt;
              return t;
            })
+      .def("set_fp8", &GPT::set_fp8, "history"_a = 16, "margin"_a = 0.0)
+      .def_property_readonly("fp8", &GPT::fp8)
+      .def("fp8_state",
+           [](GPT& g) {
+             // Per linear: [(scale, [amax...]) for input, weight, grad].
+             py::list out;
+             for (auto& st : g.fp8_states()) {
+               py::list three;
+               for (const Fp8Scaling* sc : {&st.input, &st.weight, &st.grad}) {
+                 std::vector<double> h(sc->history().begin(), sc->history().end());
+                 three.append(py::make_tuple(sc->scale(), h));
+               }
+               out.append(three);
+             }
+             return out;
+           })
+      .def(
+          "load_fp8_state",
+          [](GPT& g, const std::vector<std::vector<std::pair<double, std::vector<double>>>>& s) {
+            auto& mine = g.fp8_states();
+            TD_CHECK(s.size() == mine.size(), "GPT.load_fp8_state: ", s.size(),
+                     " FP8 linears saved, this model has ", mine.size());
+            for (size_t i = 0; i < s.size(); ++i) {
+              TD_CHECK(s[i].size() == 3, "GPT.load_fp8_state: linear ", i, " needs 3 scalings");
+              mine[i].input.set_state(s[i][0].first, s[i][0].second);
+              mine[i].weight.set_state(s[i][1].first, s[i][1].second);
+              mine[i].grad.set_state(s[i][2].first, s[i][2].second);
+            }
+          },
+          "state"_a)
       .def_property_readonly("ep_size", &GPT::ep_size)
       .def_property_readonly("ep_rank", &GPT::ep_rank)
       .def("update_moe_router_bias", &GPT::update_moe_router_bias, nogil())

@@ -271,6 +271,9 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
            ") is already installed; build a new model to lay it out again");
   const int tp = p->tp_size();
   TD_CHECK(tp >= 1, "GPT.set_parallelism: tp size ", tp, " must be >= 1");
+  TD_CHECK(fp8_.empty(),
+           "GPT.set_parallelism: FP8 linears (set_fp8) under a parallel layout are "
+           "not supported yet");
   // Note [MoE under tensor parallelism]: the MoE layers are not split over tp. Without sequence
   // parallelism every tp rank holds the whole hidden states after attention, so each runs the
   // router and its experts on the same tokens (replicated parameters with equal gradients, like
@@ -351,16 +354,31 @@ Tensor GPT::maybe_dropout(const Tensor& x, bool sp) {
   return y;
 }
 
-Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const {
+Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                   Fp8LinearState* f8) const {
   if (parallel_) return parallel_->column_linear(x, cast(w), cast(b), sp);
+  if (f8) return fp8_linear(x, cast(w), cast(b), *f8, is_training() && autograd::grad_enabled());
   return linear(x, cast(w), cast(b));
 }
 
 Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                std::optional<MlpActivation> act) const {
+                std::optional<MlpActivation> act, Fp8LinearState* f8) const {
   if (parallel_) return parallel_->row_linear(x, cast(w), cast(b), sp, act);
+  if (f8) {
+    return fp8_linear(act ? mlp_activation(x, *act) : x, cast(w), cast(b), *f8,
+                      is_training() && autograd::grad_enabled());
+  }
   if (act) return activation_linear(x, *act, cast(w), cast(b));
   return linear(x, cast(w), cast(b));
+}
+
+void GPT::set_fp8(int64_t history, double margin) {
+  TD_CHECK(parallel_ == nullptr, "GPT.set_fp8: FP8 linears under a tensor/context-parallel ",
+           "layout are not supported yet (tp=", parallel_ ? parallel_->tp_size() : 1, ")");
+  TD_CHECK(recompute_.mode != Recompute::Full, "GPT.set_fp8: FP8 with full recomputation is not ",
+           "supported yet (the recomputed forward would record its amaxes again)");
+  fp8_.clear();
+  for (size_t i = 0; i < 4 * layers_.size(); ++i) fp8_.emplace_back(history, margin);
 }
 
 // Note [Fused QKV views]: q, k and v are column ranges of the one c_attn GEMM output
@@ -377,7 +395,8 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
   const int64_t unit = 2 + static_cast<int64_t>(layer);
   use_unit(unit);
-  Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp);
+  Fp8LinearState* f8 = fp8_.empty() ? nullptr : &fp8_[4 * layer];
+  Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp, f8);
   const int64_t B = qkv.size(0), T = qkv.size(1);
   // One split, not three narrows: its backward writes the three gradients into one buffer
   // (Note [Split backward]).
@@ -407,7 +426,9 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   Tensor y = parallel_ && !cache ? parallel_->attention(q, k, v, /*causal=*/true)
                                  : scaled_dot_product_attention(q, k, v, Tensor(), true);
   y = y.permute({0, 2, 1, 3}).reshape({B, T, H * hd});
-  Tensor r = add(x, maybe_dropout(row(y, l.attn_proj_w, l.attn_proj_b, sp), sp));
+  Tensor r = add(
+      x, maybe_dropout(
+             row(y, l.attn_proj_w, l.attn_proj_b, sp, std::nullopt, f8 ? f8 + 1 : nullptr), sp));
 
   // The MLP's activation is recomputed in backward, not kept (Note [Recomputed MLP activation]),
   // except under recompute none, which keeps act(h) for c_proj's weight gradient.
@@ -421,14 +442,17 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
     return done_units({unit}, add(r, maybe_dropout(m, sp)));
   }
   const bool gpt2 = config_.arch == Arch::GPT2;
-  Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp);
+  Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp, f8 ? f8 + 2 : nullptr);
   const MlpActivation act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
-  Tensor m = fuse_act ? row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act)
-                      : row(mlp_activation(h, act), l.mlp_proj_w, l.mlp_proj_b, sp);
+  Tensor m = fuse_act ? row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act, f8 ? f8 + 3 : nullptr)
+                      : row(mlp_activation(h, act), l.mlp_proj_w, l.mlp_proj_b, sp, std::nullopt,
+                            f8 ? f8 + 3 : nullptr);
   return done_units({unit}, add(r, maybe_dropout(m, sp)));
 }
 
 void GPT::set_recompute(RecomputeOptions r) {
+  TD_CHECK(fp8_.empty() || r.mode != Recompute::Full,
+           "GPT.set_recompute: full recomputation with FP8 linears is not supported yet");
   TD_CHECK(r.num_layers == -1 || r.mode == Recompute::Full, "GPT.set_recompute: num_layers (",
            r.num_layers,
            ") applies to recompute 'full' only, "

@@ -61,6 +61,16 @@ double Fp8Scaling::scale_for(const Tensor& x) const {
   return history_ == 0 ? scale_from(amax(x), scale_) : scale_;
 }
 
+void Fp8Scaling::set_state(double scale, const std::vector<double>& history) {
+  TD_CHECK(std::isfinite(scale) && scale > 0,
+           "Fp8Scaling.set_state: the scale must be finite "
+           "and > 0, got ",
+           scale);
+  scale_ = scale;
+  amax_.assign(history.begin(), history.end());
+  while (static_cast<int64_t>(amax_.size()) > history_) amax_.pop_front();
+}
+
 void Fp8Scaling::record(double a) {
   if (history_ == 0) {
     scale_ = scale_from(a, scale_);
@@ -75,16 +85,18 @@ void Fp8Scaling::record(double a) {
   scale_ = scale_from(m, scale_);
 }
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  Fp8LinearState& state) {
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
+                  bool record) {
   TD_CHECK(x.defined() && weight.defined(), "fp8_linear: undefined input or weight");
   TD_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "fp8_linear: input ",
            describe(x), " does not match weight ", describe(weight), " [out, in]");
   const double sx = state.input.scale_for(x), sw = state.weight.scale_for(weight);
   Tensor xq = fp8_fake_quantize(x, Fp8Format::E4M3FN, sx);
   Tensor wq = fp8_fake_quantize(weight, Fp8Format::E4M3FN, sw);
-  state.input.record(amax(x));
-  state.weight.record(amax(weight));
+  if (record) {
+    state.input.record(amax(x));
+    state.weight.record(amax(weight));
+  }
   Tensor out;
   {
     autograd::NoGradGuard ng;
@@ -95,14 +107,14 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
     const int64_t rows = x.numel() / x.size(-1);
     autograd::record(
         "Fp8LinearBackward", {x, weight, bias}, {&out},
-        [xq, wq, rows, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
+        [xq, wq, rows, record, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
          bdt = bias.defined() ? bias.dtype() : DType::Float32,
          st = &state](const TensorList& g, const auto& need) {
           const int64_t in = wq.size(1), outf = wq.size(0);
           // The output gradient in E5M2 (the hybrid recipe), its amax recorded for next time.
           const double sg = st->grad.scale_for(g[0]);
           Tensor gq = reshape(fp8_fake_quantize(g[0], Fp8Format::E5M2, sg), {rows, outf});
-          st->grad.record(amax(g[0]));
+          if (record) st->grad.record(amax(g[0]));
           Tensor gx, gw, gb;
           if (need[0]) gx = reshape(mm(gq, wq), xs).to(xdt);
           if (need[1]) gw = mm(transpose(gq, 0, 1), reshape(xq, {rows, in})).to(wdt);

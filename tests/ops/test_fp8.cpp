@@ -97,3 +97,41 @@ TEST(Fp8Ops, DelayedAndCurrentScaling) {
   EXPECT_NE(td::test::error_of([] { Fp8Scaling(Fp8Format::E5M2, -1); }).find("history must be"),
             std::string::npos);
 }
+
+// Property: GPT::set_fp8 routes the blocks' four linears through fp8_linear: a training step
+// changes the loss against the same model without FP8 (quantization) and fills every linear's
+// amax history; an evaluation forward records nothing; full recomputation is refused.
+TEST(Fp8Ops, GptBlocksUseFp8Linears) {
+  models::GPTConfig c;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  models::GPT plain(c), f8(c);
+  f8.set_fp8(/*history=*/4, /*margin=*/0.0);
+  EXPECT_TRUE(f8.fp8());
+  EXPECT_EQ(f8.fp8_states().size(), 8u);
+  plain.train();
+  f8.train();
+  Generator g(3);
+  Tensor x = randint(0, 64, {2, 16}, {DType::Int64, kCPU, false}, &g);
+  Tensor l0 = plain.forward(x, x), l1 = f8.forward(x, x);
+  l1.backward();
+  EXPECT_NE(l0.item<float>(), l1.item<float>());
+  for (const auto& st : f8.fp8_states()) {
+    EXPECT_EQ(st.input.history().size(), 1u);
+    EXPECT_EQ(st.weight.history().size(), 1u);
+    EXPECT_EQ(st.grad.history().size(), 1u);
+  }
+  f8.eval();
+  {
+    autograd::NoGradGuard ng;
+    f8.forward(x, x);
+  }
+  EXPECT_EQ(f8.fp8_states()[0].input.history().size(), 1u);
+  EXPECT_NE(td::test::error_of([&] {
+              f8.set_recompute({models::Recompute::Full, -1});
+            }).find("full recomputation with FP8"),
+            std::string::npos);
+}

@@ -54,6 +54,7 @@
 #include "tardelli/models/recompute.h"
 #include "tardelli/nn/module.h"
 #include "tardelli/nn/shard_spec.h"
+#include "tardelli/ops/fp8.h"
 
 namespace td::models {
 
@@ -168,6 +169,16 @@ class GPT : public nn::Module {
   // gradients do not depend on it; it is not part of the config or of checkpoints. td::Error
   // when num_layers is given for a mode other than full, or exceeds this stage's layers.
   void set_recompute(RecomputeOptions r);
+  // FP8 training, emulated (ops/fp8.h, docs/fp8.md): the attention and dense MLP linears of
+  // every block run through fp8_linear with delayed scaling (amax history `history`, `margin`;
+  // 0: current scaling); MoE experts, the embeddings and the head stay in the compute dtype.
+  // Training forwards record the amaxes. Not with a tensor/context-parallel layout or full
+  // recomputation yet (td::Error).
+  void set_fp8(int64_t history, double margin);
+  bool fp8() const { return !fp8_.empty(); }
+  // The scaling states, four per block (c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) in block
+  // order, each with input, weight and grad scalings (checkpoints save and restore them).
+  std::vector<Fp8LinearState>& fp8_states() { return fp8_; }
   const RecomputeOptions& recompute() const { return recompute_; }
   // Where this rank's tensor `name` (a parameter name) lies in the full one under the
   // installed layout (replicated without one). td::Error for an unknown name.
@@ -228,9 +239,11 @@ class GPT : public nn::Module {
   Tensor position_rows(const Tensor& table, int64_t start, int64_t T) const;
   Tensor maybe_dropout(const Tensor& x, bool sp);
   // The layout-dependent linear layers (plain linear without a layout).
-  Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) const;
+  // f8: the linear's FP8 state (set_fp8), else null.
+  Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                Fp8LinearState* f8 = nullptr) const;
   Tensor row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-             std::optional<MlpActivation> act = std::nullopt) const;
+             std::optional<MlpActivation> act = std::nullopt, Fp8LinearState* f8 = nullptr) const;
   // Every parameter slot with its full name (the tied gpt2 head excluded).
   std::vector<std::pair<std::string, Tensor*>> slots();
   // Makes `value` (a new leaf) the parameter `name` held in `slot` (a layout step's shard).
@@ -248,7 +261,8 @@ class GPT : public nn::Module {
 
   std::shared_ptr<GPTParallelism> parallel_;  // null: one device
   RecomputeOptions recompute_;
-  std::shared_ptr<ParamUnits> units_;  // null: parameters always full
+  mutable std::vector<Fp8LinearState> fp8_;  // set_fp8: four per block
+  std::shared_ptr<ParamUnits> units_;        // null: parameters always full
   int64_t first_unit_ = 0;
   std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
   MoEStats moe_stats_;

@@ -19,6 +19,7 @@
 // keeps the previous scale.
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 #include "tardelli/core/fp8.h"
 #include "tardelli/core/tensor.h"
@@ -41,6 +42,8 @@ class Fp8Scaling {
   // Records this step's amax of the quantized tensor (delayed scaling) and updates the scale.
   void record(double amax);
   double scale() const { return scale_; }
+  // Restores a saved (scale, history) pair (checkpoints); the history is cut to its length.
+  void set_state(double scale, const std::vector<double>& history);
   const std::deque<double>& history() const { return amax_; }
   Fp8Format format() const { return format_; }
   // The formula: fp8_max / amax / 2^margin (the previous scale when amax is 0 or not finite).
@@ -64,7 +67,9 @@ struct Fp8LinearState {
 };
 
 // y = Q(x) Q(W)^T + b with Q as above (Note [FP8 emulation]); `state` must outlive the
-// backward pass (it records the gradient's amax there).
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state);
+// backward pass (it records the gradient's amax there). record = false (evaluation): the
+// current scales are used and no amax is recorded.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
+                  bool record = true);
 
 }  // namespace td

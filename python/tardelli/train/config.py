@@ -125,6 +125,13 @@ class TrainConfig:
     ranks_per_node: int = field(default=0, metadata=dict(
         help="ranks per node for --hierarchical-reduce (0: from the launcher's environment, "
              "else one node); set it to simulate nodes on one machine"))
+    fp8: str = field(default="none", metadata=dict(
+        help="FP8 linears in the blocks, emulated: none | hybrid (E4M3 forward, E5M2 "
+             "gradients; docs/fp8.md)"))
+    fp8_amax_history: int = field(default=16, metadata=dict(
+        help="--fp8: steps of amax history for delayed scaling (0: current scaling)"))
+    fp8_margin: float = field(default=0.0, metadata=dict(
+        help="--fp8: scales are fp8_max / amax / 2^margin"))
     grad_compression: str = field(default="none", metadata=dict(
         help="compressed data-parallel gradients with error feedback: none | powersgd | topk "
              "| randomk (docs/distributed.md)"))
@@ -182,7 +189,8 @@ _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "lr_decay_style": ("cosine", "linear", "constant"),
             "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a"),
             "on_nonfinite": ("raise", "skip"),
-            "grad_compression": ("none", "powersgd", "topk", "randomk")}
+            "grad_compression": ("none", "powersgd", "topk", "randomk"),
+            "fp8": ("none", "hybrid")}
 
 
 def _coerce(name, value, source):
@@ -365,6 +373,15 @@ def validate(cfg, dp_size=1):
     need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
     need(cfg.ranks_per_node >= 0, f"--ranks-per-node must be >= 0 (0: from the environment), "
          f"got {cfg.ranks_per_node}")
+    need(cfg.fp8_amax_history >= 0, f"--fp8-amax-history must be >= 0, got "
+         f"{cfg.fp8_amax_history}")
+    need(math.isfinite(cfg.fp8_margin) and cfg.fp8_margin >= 0,
+         f"--fp8-margin must be >= 0, got {cfg.fp8_margin}")
+    need(cfg.fp8 == "none" or (cfg.tp == 1 and cfg.cp == 1),
+         f"--fp8 {cfg.fp8} with --tp {cfg.tp} / --cp {cfg.cp}: FP8 linears under tensor or "
+         "context parallelism are not supported yet")
+    need(cfg.fp8 == "none" or cfg.recompute != "full",
+         f"--fp8 {cfg.fp8} with --recompute full is not supported yet")
     need(cfg.powersgd_rank >= 1, f"--powersgd-rank must be >= 1, got {cfg.powersgd_rank}")
     need(0 < cfg.topk_ratio <= 1, f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
     need(cfg.grad_compression == "none" or cfg.zero < 2,

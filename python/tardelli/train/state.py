@@ -200,8 +200,12 @@ def _rank_pieces(model, opt, cfg, grid, params):
 
 
 def _rng_state(model):
+    """This rank's per-layout state: each chunk's dropout streams and FP8 scalings (amax
+    histories are per rank: they see this rank's activations)."""
     return {"chunks": [{"stage": list(ch.stage), "dropout": _gen_state(ch.dropout_generator),
-                        "split_rng": _gen_state(ch.split_generator)} for ch in _chunks(model)]}
+                        "split_rng": _gen_state(ch.split_generator),
+                        "fp8": ch._cpp.fp8_state() if ch._cpp.fp8 else None}
+                       for ch in _chunks(model)]}
 
 
 def _rng_file(rank):
@@ -516,6 +520,8 @@ def load(path, model, opt, cfg, world=None, fsdp=None, compressors=()):
             c = saved_rng.get(tuple(ch.stage), {})
             _set_gen(ch.dropout_generator, c.get("dropout"))
             _set_gen(ch.split_generator, c.get("split_rng"))
+            if ch._cpp.fp8 and c.get("fp8"):
+                ch._cpp.load_fp8_state(c["fp8"])  # at another layout the scalings restart
     elif "rng" in meta:
         for ch in _chunks(model):
             _set_gen(ch.dropout_generator, meta["rng"]["dropout"])

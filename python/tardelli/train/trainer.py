@@ -458,6 +458,8 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
     for ch in chunks:
         # Recomputation is a training-time choice, not part of the model or its checkpoints.
         ch.set_recompute(cfg.recompute, cfg.recompute_layers or None)
+        if cfg.fp8 != "none":
+            ch._cpp.set_fp8(cfg.fp8_amax_history, cfg.fp8_margin)  # docs/fp8.md
         ch.train()
         if cfg.device != "cpu":
             ch.to(cfg.device)
