@@ -114,23 +114,17 @@ struct DistributedDataParallel::State {
     if (opt.compressor) {
       // Note [Compressed buckets]: the compressor exchanges and decompresses on the DDP's worker
       // thread (buckets in launch order, so every rank issues the same collectives), while
-      // backward goes on; the bucket then holds the mean (ZeRO-1: this rank's shard is copied
-      // out of it). Only the worker touches the compressor until finish_grad_sync has waited.
+      // backward goes on; the whole bucket then holds the mean, so under ZeRO-1 this rank's
+      // shard of the buffer already is the averaged shard (finish_grad_sync copies no rs_out).
+      // Only the worker touches the compressor until finish_grad_sync has waited.
       std::vector<CompressedParam> ps;
       for (size_t i : bk.params)
         ps.push_back({params[i].name, params[i].param.sizes(), params[i].offset, params[i].numel});
       Tensor used = bk.buffer.narrow(0, 0, bk.numel);
-      Tensor shard_out = opt.reduce_scatter ? rs_out[b] : Tensor();
-      Tensor shard_in = opt.reduce_scatter
-                            ? bk.buffer.narrow(0, comm->rank() * bk.shard_numel, bk.shard_numel)
-                            : Tensor();
       if (!worker) worker = std::make_unique<Worker>();
       work[b] = std::make_shared<QueuedWork>(
           worker->submit([c = opt.compressor, b, used, ps = std::move(ps), cm = comm,
-                          avg = opt.average, shard_out, shard_in]() mutable {
-            c->reduce(b, used, ps, cm, avg);
-            if (shard_out.defined()) copy_into(shard_out, shard_in);
-          }));
+                          avg = opt.average]() mutable { c->reduce(b, used, ps, cm, avg); }));
       ++collectives;
       launch_hooks[b] = hooks;
       return;
@@ -430,7 +424,7 @@ void DistributedDataParallel::finish_grad_sync() {
   std::fill(s.bucket_ready.begin(), s.bucket_ready.end(), 1);
   s.launch_ready_prefix();
   s.wait_seconds = s.wait_all();
-  if (s.opt.reduce_scatter) {
+  if (s.opt.reduce_scatter && !s.opt.compressor) {
     autograd::NoGradGuard no_grad;
     const int64_t r = s.comm->rank();
     for (size_t b = 0; b < s.buckets.size(); ++b) {

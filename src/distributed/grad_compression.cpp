@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "tardelli/autograd/grad_mode.h"
@@ -35,8 +36,15 @@ Tensor& residual(std::map<std::string, Tensor>& err, const std::string& name, in
   return it->second;
 }
 
-void load_into(std::map<std::string, Tensor>& mine, const std::map<std::string, Tensor>& in,
-               const std::string& what) {
+// `key` without `suffix` when it ends with it (and has something before it), else nullopt.
+std::optional<std::string> strip_suffix(const std::string& key, const std::string& suffix) {
+  if (key.size() <= suffix.size() ||
+      key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  return key.substr(0, key.size() - suffix.size());
+}
+
+void load_into(std::map<std::string, Tensor>& mine, const std::map<std::string, Tensor>& in) {
   autograd::NoGradGuard ng;
   for (const auto& [k, v] : in) {
     auto it = mine.find(k);
@@ -46,7 +54,6 @@ void load_into(std::map<std::string, Tensor>& mine, const std::map<std::string, 
       copy_into(it->second, v);
     }
   }
-  (void)what;
 }
 
 // Gram-Schmidt on the columns of a contiguous fp32 CPU matrix [rows, r], in place; a column
@@ -147,21 +154,17 @@ class PowerSGD final : public GradCompressor {
 
   void load_state(const std::map<std::string, Tensor>& state) override {
     std::map<std::string, Tensor> e, q;
-    const auto strip = [](const std::string& k, const std::string& suffix) {
-      return k.size() > suffix.size() &&
-             k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
     for (const auto& [k, v] : state) {
-      if (strip(k, ".powersgd_error")) {
-        e[k.substr(0, k.size() - 15)] = v;
-      } else if (strip(k, ".powersgd_q")) {
-        q[k.substr(0, k.size() - 11)] = v;
+      if (auto n = strip_suffix(k, ".powersgd_error")) {
+        e[*n] = v;
+      } else if (auto m = strip_suffix(k, ".powersgd_q")) {
+        q[*m] = v;
       } else {
         TD_ERROR("PowerSGD.load_state: unexpected state '", k, "'");
       }
     }
-    load_into(err_, e, "error");
-    load_into(q_, q, "q");
+    load_into(err_, e);
+    load_into(q_, q);
   }
 
  private:
@@ -263,13 +266,13 @@ class TopK final : public GradCompressor {
     for (const auto& [k, v] : state) {
       if (k == "topk.calls") {
         calls_ = static_cast<int64_t>(std::llround(v.item_double()));
-      } else if (k.size() > 11 && k.compare(k.size() - 11, 11, ".topk_error") == 0) {
-        e[k.substr(0, k.size() - 11)] = v;
+      } else if (auto n = strip_suffix(k, ".topk_error")) {
+        e[*n] = v;
       } else {
         TD_ERROR(name(), ".load_state: unexpected state '", k, "'");
       }
     }
-    load_into(err_, e, "error");
+    load_into(err_, e);
   }
 
  private:

@@ -111,6 +111,26 @@ inline void expect_same_bucket_grads(const distributed::DistributedDataParallel&
   }
 }
 
+// A DDP over `comm` with options `o` (reduce_scatter set from `zero`) and a plain one over
+// `flat`, each on its own tiny GPT, run backward on this rank's rows of the same global batch
+// (`step` seeds it); their bucket gradients (ZeRO-1: shards) must agree (Note [DP tolerance]).
+inline void expect_same_grads_as_flat(const CommPtr& flat, const CommPtr& comm, DDPOptions o,
+                                      bool zero, int64_t step) {
+  const int r = flat->rank();
+  Batch global = global_batch(kRowsPerRank * flat->size(), step);
+  Batch local = global.rows(r * kRowsPerRank, kRowsPerRank);
+  auto m1 = tiny_gpt(), m2 = tiny_gpt();
+  o.reduce_scatter = zero;
+  distributed::DistributedDataParallel plain(m1->named_parameters(), flat,
+                                             {o.bucket_bytes, true, zero, true});
+  distributed::DistributedDataParallel other(m2->named_parameters(), comm, o);
+  m1->forward(local.idx, local.targets).backward();
+  m2->forward(local.idx, local.targets).backward();
+  plain.finish_grad_sync();
+  other.finish_grad_sync();
+  expect_same_bucket_grads(other, plain, zero ? "zero" : "all_reduce");
+}
+
 // torch-style AdamW groups from the model's (decay, no-decay) split.
 inline std::vector<optim::ParamGroup> adamw_groups(const models::GPT& m, double wd) {
   std::vector<optim::ParamGroup> out;

@@ -37,14 +37,18 @@ Tensor input(int rank, int64_t n, uint64_t seed) {
   return mul(t, 0.125);
 }
 
+// World ranks 0 .. P-1: the members of the world group.
+std::vector<int> all_ranks(int P) {
+  std::vector<int> ranks(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) ranks[static_cast<size_t>(r)] = r;
+  return ranks;
+}
+
 // The node layouts for this world: every ranks-per-node that divides it, and (4 ranks) 3 + 1.
 std::vector<std::vector<int>> layouts(int P) {
   std::vector<std::vector<int>> out;
   for (int rpn = 1; rpn <= P; ++rpn) {
-    if (P % rpn) continue;
-    std::vector<int> ranks(static_cast<size_t>(P));
-    for (int r = 0; r < P; ++r) ranks[static_cast<size_t>(r)] = r;
-    out.push_back(nodes_of(ranks, rpn));
+    if (P % rpn == 0) out.push_back(nodes_of(all_ranks(P), rpn));
   }
   if (P == 4) out.push_back({0, 0, 0, 1});
   return out;
@@ -89,9 +93,7 @@ TEST(Hierarchical, CollectivesEqualFlat) {
 TEST(Hierarchical, AsyncOperationsRunInOrder) {
   const CommPtr w = world();
   const int P = w->size(), r = w->rank();
-  std::vector<int> ranks(static_cast<size_t>(P));
-  for (int k = 0; k < P; ++k) ranks[static_cast<size_t>(k)] = k;
-  const CommPtr h = hierarchical(w, nodes_of(ranks, P >= 4 ? 2 : 1));
+  const CommPtr h = hierarchical(w, nodes_of(all_ranks(P), P >= 4 ? 2 : 1));
   std::vector<Tensor> mine, want;
   std::vector<WorkPtr> works;
   for (int k = 0; k < 5; ++k) {
@@ -118,10 +120,8 @@ TEST(Hierarchical, CrossNodeBytesShrinkByRanksPerNode) {
   const CommPtr w = world();
   const int P = w->size();
   if (P < 4) GTEST_SKIP() << "needs two nodes of two ranks (4 ranks)";
-  std::vector<int> ranks(static_cast<size_t>(P));
-  for (int r = 0; r < P; ++r) ranks[static_cast<size_t>(r)] = r;
   const int rpn = 2;
-  const CommPtr h = hierarchical(w, nodes_of(ranks, rpn));
+  const CommPtr h = hierarchical(w, nodes_of(all_ranks(P), rpn));
   const CommPtr cross = cross_node_group(h);
   ASSERT_NE(cross, nullptr);
   cross->reset_stats();
@@ -135,22 +135,9 @@ TEST(Hierarchical, CrossNodeBytesShrinkByRanksPerNode) {
 // all_reduce buckets and with ZeRO-1 reduce-scatter shards.
 TEST(Hierarchical, DataParallelGradientsEqualFlat) {
   const CommPtr w = world();
-  const int P = w->size(), r = w->rank();
-  std::vector<int> ranks(static_cast<size_t>(P));
-  for (int k = 0; k < P; ++k) ranks[static_cast<size_t>(k)] = k;
-  const CommPtr h = hierarchical(w, nodes_of(ranks, 2));
-  dp_test::Batch global = dp_test::global_batch(dp_test::kRowsPerRank * P, 9);
-  dp_test::Batch local = global.rows(r * dp_test::kRowsPerRank, dp_test::kRowsPerRank);
-  for (bool zero : {false, true}) {
-    auto m1 = dp_test::tiny_gpt(), m2 = dp_test::tiny_gpt();
-    DistributedDataParallel flat(m1->named_parameters(), w, {8192, true, zero, true});
-    DistributedDataParallel two(m2->named_parameters(), h, {8192, true, zero, true});
-    m1->forward(local.idx, local.targets).backward();
-    m2->forward(local.idx, local.targets).backward();
-    flat.finish_grad_sync();
-    two.finish_grad_sync();
-    dp_test::expect_same_bucket_grads(two, flat, zero ? "zero" : "all_reduce");
-  }
+  const CommPtr h = hierarchical(w, nodes_of(all_ranks(w->size()), 2));
+  for (bool zero : {false, true})
+    dp_test::expect_same_grads_as_flat(w, h, {8192, true, zero, true}, zero, 9);
 }
 
 TEST(Hierarchical, BadNodeListsAreErrors) {

@@ -87,9 +87,6 @@ class ExpertDataParallel:
         self.dense.zero_grad(set_to_none)
         self.experts.zero_grad(set_to_none)
 
-    def grad_buffer_bytes(self):
-        return self.dense._cpp.grad_buffer_bytes() + self.experts._cpp.grad_buffer_bytes()
-
 
 class ExpertDistributedOptimizer:
     """ZeRO-1/2 AdamW over an ExpertDataParallel: one DistributedOptimizer per group (the

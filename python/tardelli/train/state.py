@@ -36,6 +36,7 @@ import tardelli as td
 
 from .. import _C
 
+from ..distributed.expert_parallel import is_expert_parameter
 from ..optim.optimizer import _step_tensor
 from . import config as C
 
@@ -78,10 +79,6 @@ def _set_gen(g, st):
         g.set_state((st["seed"], st["offset"], st["subsequence"]))
 
 
-def _is_expert(name):
-    return ".mlp.experts." in name
-
-
 def _narrow(t, box):
     for d, (o, n) in enumerate(zip(*box)):
         t = t.narrow(d, o, n)
@@ -99,7 +96,7 @@ class _Place:
         self.shape = full
         base = list(full)
         shift = 0
-        if _is_expert(name) and ch.ep_size > 1:
+        if is_expert_parameter(name) and ch.ep_size > 1:
             base[0] = full[0] // ch.ep_size  # this rank's slice of the stacked experts
             shift = ch.ep_rank * base[0]
         self.map = _ck.shard_placement(spec["dim"], spec["segments"], spec["parts"],
@@ -107,10 +104,10 @@ class _Place:
         if shift:
             self.map = [(loc, ((g[0][0] + shift,) + tuple(g[0][1:]), g[1]))
                         for loc, g in self.map]
-        self.local = list(base)
-        if spec["dim"] >= 0 and spec["parts"] > 1:
-            self.local[spec["dim"]] = sum(spec["segments"]) // spec["parts"]
         split = spec["dim"] >= 0 and spec["parts"] > 1
+        self.local = list(base)
+        if split:
+            self.local[spec["dim"]] = sum(spec["segments"]) // spec["parts"]
         # Replicated over tp: tp rank 0 saves; gpt2's tied table on a stage without the
         # embeddings is a copy of the first stage's.
         self.owner = (split or ch.tp_rank == 0) and not (name == "wte.weight" and
@@ -157,7 +154,8 @@ def _saves_replicas(grid, name):
     if grid is None:
         return True
     c = grid.coords
-    return c.cp == 0 and (c.edp == 0 if _is_expert(name) and grid.dims.ep > 1 else c.dp == 0)
+    expert = is_expert_parameter(name) and grid.dims.ep > 1
+    return c.cp == 0 and (c.edp == 0 if expert else c.dp == 0)
 
 
 def _optimizer_step(opt):
@@ -225,13 +223,6 @@ def _layout(cfg, world, model):
             "sequence_parallel": first.sequence_parallel}
 
 
-def _host_copy(t):
-    """A host tensor with `t`'s values that nothing else holds: a clone, or for a GPU tensor a
-    page-locked buffer filled on the device's snapshot stream without blocking (Note [Host
-    snapshot] in include/tardelli/core/cuda_runtime.h; the writer waits for it)."""
-    return _ck.host_snapshot(t)
-
-
 class _Save:
     """One checkpoint save of this rank, split into what must run on the training thread
     (prepare: the pieces, the writer, the metadata; commit) and what may run in the background
@@ -249,14 +240,17 @@ class _Save:
         self.devices = []
         if snapshot:
             # Note [Async save]: host copies of every piece, taken now; the step's tensors may
-            # change as soon as this returns.
+            # change as soon as this returns. A GPU tensor's copy is a page-locked buffer filled
+            # on the device's snapshot stream without blocking (Note [Host snapshot] in
+            # include/tardelli/core/cuda_runtime.h); write() waits for it.
             gpus = {str(t.device): t.device for _, _, _, t in self.pieces
                     if t.device.type != "cpu"}
             self.devices = [gpus[k] for k in sorted(gpus)]
-            self.pieces = [(n, shape, box, _host_copy(t)) for n, shape, box, t in self.pieces]
+            self.pieces = [(n, shape, box, _ck.host_snapshot(t))
+                           for n, shape, box, t in self.pieces]
         self.rng = json.dumps(_rng_state(model)).encode()
         # The compressors' error feedback (per rank, Note [Error feedback]): "<i>/<name>".
-        self.comm_state = {f"{i}/{k}": _host_copy(v) if snapshot else v
+        self.comm_state = {f"{i}/{k}": _ck.host_snapshot(v) if snapshot else v
                            for i, c in enumerate(compressors) for k, v in c.state().items()}
         self.tokenizer_dir = tokenizer_dir if self.rank == 0 else None
         self.meta = None

@@ -254,14 +254,18 @@ def job_communicators(grid):
     return comms
 
 
-def reduction_communicators(ddp):
-    """The communicators the gradient reductions (and ZeRO gathers) of `ddp` run on: a
-    DistributedDataParallel's group, both of an ExpertDataParallel (ZeRO-3: its DDP's)."""
+def ddp_parts(ddp):
+    """The DistributedDataParallel objects behind `ddp`: both of an ExpertDataParallel, else
+    ddp itself (ZeRO-3: the FSDP's DDP); none without one."""
     if ddp is None:
         return []
-    parts = [ddp.dense, ddp.experts] if hasattr(ddp, "dense") else [ddp]
+    return [ddp.dense, ddp.experts] if hasattr(ddp, "dense") else [ddp]
+
+
+def reduction_communicators(ddp):
+    """The communicators the gradient reductions (and ZeRO gathers) of `ddp` run on."""
     out = []
-    for p in parts:
+    for p in ddp_parts(ddp):
         if all(p.group is not c for c in out):
             out.append(p.group)
     return out
@@ -563,9 +567,7 @@ def train(cfg, world=None, out=print):
     dp_group = grid.dp() if grid is not None else None
     pp_group = grid.pp() if cfg.pp > 1 else None
     # The gradient compressors (their error feedback is checkpointed per rank).
-    compressors = [p.compressor for p in
-                   ([ddp.dense, ddp.experts] if hasattr(ddp, "dense") else [ddp])
-                   if p is not None and getattr(p, "compressor", None) is not None]
+    compressors = [p.compressor for p in ddp_parts(ddp) if p.compressor is not None]
     lr_at = schedule(cfg)
     # Note [fp16 loss scaling]: fp16 activations need the loss scaled up before backward; the
     # scaler (C++ optim/loss_scaler.h, torch's GradScaler rules) skips a step whose gradients
@@ -662,6 +664,11 @@ def train(cfg, world=None, out=print):
     rank = world.rank if world is not None else 0
     supervisor.heartbeat(rank, start_step)  # built and resumed: the first step may start
     progress = report.Progress(cfg.steps, start_step, cfg.progress and is_main)
+
+    def report_commit(path):
+        """Logs a background save that has just been committed (path None: none was)."""
+        if path and is_main:
+            progress.write(f"train: saved {path} (in the background)")
     params = [p for _, p in named]
 
     def grad_norm_clipped(max_norm):
@@ -849,9 +856,7 @@ def train(cfg, world=None, out=print):
             exiting = cfg.exit_interval and step % cfg.exit_interval == 0
             give_up = nonfinite and consecutive >= cfg.max_skipped_steps
             if saver is not None:
-                committed = saver.poll()
-                if committed and is_main:
-                    progress.write(f"train: saved {committed} (in the background)")
+                report_commit(saver.poll())
             if cfg.save and not give_up and (step == cfg.steps or exiting or
                                              (cfg.save_interval and
                                               step % cfg.save_interval == 0)):
@@ -863,9 +868,7 @@ def train(cfg, world=None, out=print):
                              {"skips": skips, "consecutive": consecutive}
                              if cfg.on_nonfinite == "skip" else None, compressors)
                 if saver is not None:
-                    committed = saver.wait()  # at most one save in flight
-                    if committed and is_main:
-                        progress.write(f"train: saved {committed} (in the background)")
+                    report_commit(saver.wait())  # at most one save in flight
                     path = saver.save(*save_args)
                     note = f"train: saving {path} in the background"
                 else:
@@ -885,7 +888,7 @@ def train(cfg, world=None, out=print):
                 for r, ratio in slow:
                     progress.write(f"train: straggler rank {r}: compute {rank_compute[r]:.3f} s "
                                    f"is {ratio:.2f} x the median")
-            if nonfinite and consecutive >= cfg.max_skipped_steps:
+            if give_up:
                 raise RuntimeError(
                     f"train: step {step}: {consecutive} consecutive steps (steps "
                     f"{step - consecutive + 1}-{step}) skipped for a non-finite loss or gradient "
@@ -896,9 +899,7 @@ def train(cfg, world=None, out=print):
             if exiting:
                 break
         if saver is not None:
-            committed = saver.wait()  # the exit path commits the save in flight
-            if committed and is_main:
-                progress.write(f"train: saved {committed} (in the background)")
+            report_commit(saver.wait())  # the exit path commits the save in flight
         supervisor.heartbeat(rank, step, done=True)
     finally:
         progress.close()
@@ -918,8 +919,8 @@ def train(cfg, world=None, out=print):
             summary["zero"] = cfg.zero
             summary["optimizer_state_bytes"] = opt.optimizer_state_bytes()
             summary["host_state_bytes"] = opt.host_state_bytes()
-            summary["grad_buffer_bytes"] = ddp.grad_buffer_bytes() if cfg.ep > 1 else \
-                ddp._cpp.grad_buffer_bytes()
+            summary["grad_buffer_bytes"] = sum(p._cpp.grad_buffer_bytes()
+                                               for p in ddp_parts(ddp))
     if moe:
         summary["num_experts"] = mcfg.num_experts
         layers = sum(ch.num_moe_layers for ch in chunks)
