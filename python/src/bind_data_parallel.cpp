@@ -42,6 +42,8 @@ void init_data_parallel(py::module_& m, TensorClass& /*cls*/) {
       .def_property_readonly("name", &distributed::GradCompressor::name)
       .def("elements_sent", &distributed::GradCompressor::elements_sent)
       .def("elements_dense", &distributed::GradCompressor::elements_dense)
+      .def_property("active", &distributed::GradCompressor::active,
+                    &distributed::GradCompressor::set_active)
       .def("state", &distributed::GradCompressor::state)
       .def("load_state", &distributed::GradCompressor::load_state, "state"_a);
   d.def("powersgd_compressor", &distributed::powersgd_compressor, "rank"_a, "seed"_a = 0);

@@ -84,8 +84,9 @@ class PowerSGD final : public GradCompressor {
 
   std::string name() const override { return "powersgd"; }
 
-  void reduce(size_t /*bucket*/, Tensor& buffer, const std::vector<CompressedParam>& params,
-              const CommPtr& comm, bool average) override {
+  void compress_reduce(size_t /*bucket*/, Tensor& buffer,
+                       const std::vector<CompressedParam>& params, const CommPtr& comm,
+                       bool average) override {
     autograd::NoGradGuard ng;
     const double scale = average ? 1.0 / comm->size() : 1.0;
     std::vector<const CompressedParam*> mats, vecs;
@@ -213,8 +214,9 @@ class TopK final : public GradCompressor {
 
   std::string name() const override { return random_ ? "randomk" : "topk"; }
 
-  void reduce(size_t /*bucket*/, Tensor& buffer, const std::vector<CompressedParam>& params,
-              const CommPtr& comm, bool average) override {
+  void compress_reduce(size_t /*bucket*/, Tensor& buffer,
+                       const std::vector<CompressedParam>& params, const CommPtr& comm,
+                       bool average) override {
     autograd::NoGradGuard ng;
     const int64_t n = buffer.numel();
     // D = g + e (bucket order), on the host.
@@ -310,6 +312,17 @@ class TopK final : public GradCompressor {
 };
 
 }  // namespace
+
+void GradCompressor::reduce(size_t bucket, Tensor& buffer,
+                            const std::vector<CompressedParam>& params, const CommPtr& comm,
+                            bool average) {
+  if (active_) return compress_reduce(bucket, buffer, params, comm, average);
+  // Note [Compression warm-up]: the plain reduction (as the DDP's own); the error feedback waits.
+  autograd::NoGradGuard ng;
+  comm->all_reduce(buffer, average ? ReduceOp::Avg : ReduceOp::Sum);
+  sent_ += buffer.numel();
+  dense_ += buffer.numel();
+}
 
 std::shared_ptr<GradCompressor> powersgd_compressor(int64_t rank, uint64_t seed) {
   return std::make_shared<PowerSGD>(rank, seed);

@@ -142,6 +142,32 @@ TEST(GradCompression, PowerSGDLowRankBookkeeping) {
   }
 }
 
+// Property (Note [Compression warm-up]): an inactive compressor is the plain mean, bitwise (the
+// same all-reduce as an uncompressed DDP), sends the dense count and leaves its error feedback
+// alone: switched on afterwards, it starts from the residual a fresh compressor has (zero), so
+// its first compressed step equals a fresh compressor's bitwise.
+TEST(GradCompression, InactiveCompressorIsThePlainMean) {
+  const CommPtr w = world();
+  for (const char* kind : {"powersgd", "topk"}) {
+    const auto make = [&] {
+      return std::string(kind) == "powersgd" ? powersgd_compressor(2, 5) : topk_compressor(0.25);
+    };
+    auto c = make(), fresh = make();
+    c->set_active(false);
+    Tensor g = grad(w->rank(), 1), want = g.clone(), buf = g.clone();
+    w->all_reduce(want, ReduceOp::Avg);
+    c->reduce(0, buf, layout(), w, true);
+    EXPECT_TRUE(same_bytes(buf, want)) << kind;
+    EXPECT_EQ(c->elements_sent(), kN) << kind;
+    EXPECT_EQ(c->elements_dense(), kN) << kind;
+    c->set_active(true);
+    Tensor a = grad(w->rank(), 2), b = a.clone();
+    c->reduce(0, a, layout(), w, true);
+    fresh->reduce(0, b, layout(), w, true);
+    EXPECT_TRUE(same_bytes(a, b)) << kind;
+  }
+}
+
 // Property: a DDP whose buckets go through top-k at ratio 1 gives the flat DDP's averaged
 // gradients (all_reduce and ZeRO-1 shards), to fp32 rounding of the reordered sums.
 TEST(GradCompression, DataParallelWithCompressorEqualsFlat) {

