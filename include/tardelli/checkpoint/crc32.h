@@ -9,7 +9,7 @@
 namespace td::checkpoint {
 
 // The CRC of data[0..n), continuing from `crc` (the CRC of the bytes before, 0 to start), so
-// crc32(b, nb, crc32(a, na)) == crc32(a ++ b). Slicing-by-8 (about 1-2 GB/s per core).
+// crc32(b, nb, crc32(a, na)) == crc32(a ++ b). Computed by zlib.
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 
 // The CRC and size of a whole file (read in 1 MiB chunks); td::Error naming the file when it
