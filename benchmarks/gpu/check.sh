@@ -60,7 +60,8 @@ stage "dependencies"
 PREFIXES=()
 if [[ -d .gpu-deps ]] && ls .gpu-deps/*.deb >/dev/null 2>&1; then
   DEPS_ROOT=$ROOT/build/gpu-deps-root
-  if [[ ! -f /usr/include/dnnl.hpp || ! -f /usr/include/gtest/gtest.h ]] ||
+  if [[ ! -f /usr/include/dnnl.hpp || ! -f /usr/include/gtest/gtest.h ||
+    ! -f /usr/include/nlohmann/json.hpp || ! -f /usr/include/zlib.h ]] ||
     ! ldconfig -p 2>/dev/null | grep -q libdnnl.so.2; then
     mkdir -p "$DEPS_ROOT"
     for f in .gpu-deps/*.deb; do
@@ -69,6 +70,11 @@ if [[ -d .gpu-deps ]] && ls .gpu-deps/*.deb >/dev/null 2>&1; then
       else  # a .deb is an ar archive holding data.tar.*
         (cd "$DEPS_ROOT" && ar x "$ROOT/$f" && tar -xf data.tar.* && rm -f data.tar.* control.tar.* debian-binary)
       fi
+    done
+    # zlib1g-dev's libz.so is an absolute link to Debian's /lib/.../libz.so.1.2.13: point it at
+    # the unpacked zlib1g instead, so it resolves whatever zlib this machine has.
+    for z in "$DEPS_ROOT"/lib/x86_64-linux-gnu/libz.so.1 "$DEPS_ROOT"/usr/lib/x86_64-linux-gnu/libz.so.1; do
+      [[ -e $z ]] && ln -sf "$z" "$DEPS_ROOT/usr/lib/x86_64-linux-gnu/libz.so" && break
     done
     PREFIXES+=("$DEPS_ROOT/usr")
     export LD_LIBRARY_PATH="$DEPS_ROOT/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

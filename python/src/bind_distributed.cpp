@@ -8,6 +8,7 @@
 #include "tardelli/distributed/collectives.h"
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/hierarchical.h"
+#include "tardelli/distributed/host_staged.h"
 #include "tardelli/distributed/process_grid.h"
 
 namespace td::python {
@@ -215,6 +216,9 @@ void init_grid(py::module_& d) {
 
 void init_collectives(py::module_& d) {
   d.def("hierarchical", &distributed::hierarchical, "comm"_a, "nodes"_a, nogil());
+  d.def("host_staged", &distributed::host_staged, "host"_a, "stage_host_tensors"_a = false,
+        "A communicator that moves CUDA tensors through host memory over an MPI one "
+        "(include/tardelli/distributed/host_staged.h)");
   d.def("nodes_of", &distributed::nodes_of, "world_ranks"_a, "ranks_per_node"_a);
   d.def("cross_node_group", &distributed::cross_node_group, "comm"_a);
   d.def("copy_to_region", &distributed::copy_to_region, "input"_a, "group"_a, nogil());

@@ -121,13 +121,17 @@ void Communicator::reset_stats() {
 
 namespace {
 
-// The MPI backend moves CPU tensors, the NCCL backend CUDA tensors.
+// The MPI backend moves CPU tensors, the NCCL backend CUDA tensors, the host-staged one both
+// (host_staged.h).
 void check_tensor(const Communicator& c, const Tensor& t, const char* op, const char* arg) {
   TD_CHECK(t.defined(), op, " (", c.where(), "): argument '", arg, "' is an undefined tensor");
-  bool want_cuda = std::string(c.backend()) == "nccl";
-  TD_CHECK(want_cuda ? t.is_cuda() : t.is_cpu(), op, " (", c.where(), "): the ", c.backend(),
-           " backend takes ", want_cuda ? "CUDA" : "CPU", " tensors, got '", arg, "' ",
-           describe(t));
+  const std::string backend = c.backend();
+  if (backend != "mpi-staged") {
+    const bool want_cuda = backend == "nccl";
+    TD_CHECK(want_cuda ? t.is_cuda() : t.is_cpu(), op, " (", c.where(), "): the ", backend,
+             " backend takes ", want_cuda ? "CUDA" : "CPU", " tensors, got '", arg, "' ",
+             describe(t), backend == "mpi" ? " (host_staged() moves CUDA tensors over MPI)" : "");
+  }
   TD_CHECK(t.is_contiguous(), op, " (", c.where(), "): argument '", arg,
            "' must be contiguous, got ", describe(t), " with strides ", shape_str(t.strides()),
            " (call .contiguous() first)");
