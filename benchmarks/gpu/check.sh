@@ -35,9 +35,9 @@ STATUS=0
 stage() { echo; echo "=== [$(($(date +%s) - T0)) s] $*"; }
 fail() { echo "FAILED: $*"; echo "$*" >>"$OUT/failures.txt"; STATUS=1; }
 : >"$OUT/failures.txt"
-# TD_GPU_STAGES: which stages after the build run (default all): tests memcheck python train bench
-# cpu
-STAGES=" ${TD_GPU_STAGES:-tests memcheck python train bench cpu} "
+# TD_GPU_STAGES: which stages after the build run (default all): tests memcheck python train
+# layouts bench cpu
+STAGES=" ${TD_GPU_STAGES:-tests memcheck python train layouts bench cpu} "
 want() { [[ $STAGES == *" $1 "* ]]; }
 
 stage "machine"
@@ -82,6 +82,10 @@ if [[ -d .gpu-deps ]] && ls .gpu-deps/*.deb >/dev/null 2>&1; then
   fi
 fi
 PY=${TD_PYTHON:-python3}
+# MPI (the multi-rank layout stage): where this machine has Open MPI or MPICH with its compiler
+# wrapper; else the build has no MPI and the layout stage says why it cannot run.
+WITH_MPI=OFF
+if command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; then WITH_MPI=ON; fi
 WITH_PYTHON=OFF
 PYBIND_DIR=$($PY -m pybind11 --cmakedir 2>/dev/null || true)
 PY_INCLUDE=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
@@ -152,7 +156,7 @@ else
 stage "configure and build (CUDA, sm_$ARCH, $JOBS jobs)"
 PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]:-}")
 if ! timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DTD_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTD_WITH_MPI=OFF \
+  -DTD_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTD_WITH_MPI=$WITH_MPI \
   -DTD_WITH_PYTHON=$WITH_PYTHON -DPython3_EXECUTABLE="$(command -v $PY)" \
   -DTD_BUILD_BENCHMARKS=ON -DTD_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH="$PREFIX_PATH" \
   >"$OUT/configure.log" 2>&1; then
@@ -266,6 +270,37 @@ if [[ $WITH_PYTHON == ON ]] && want train; then
         >/dev/null 2>&1
       echo "import matplotlib.pyplot ($v): exit $?"
     done
+  fi
+fi
+
+# Issue 23: every parallel layout on CUDA tensors, 2 and 4 ranks sharing the GPU (their groups
+# stage through host memory over MPI), against one process on the GPU.
+if want layouts; then
+  stage "parallel layouts on the GPU (2 and 4 ranks sharing it; benchmarks/gpu/layout_parity.py)"
+  if [[ $WITH_MPI != ON ]]; then
+    echo "skipped: no MPI on this machine (mpirun and mpicxx not found); the layouts need it"
+    echo "layouts: skipped (no MPI)" >>"$OUT/failures.txt"
+  elif [[ $WITH_PYTHON != ON ]]; then
+    echo "skipped: no Python module in this build"
+  else
+    MPIENV=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TD_COMM_TIMEOUT_S=60)
+    if [[ -x "$BUILD/tests/distributed/td_dist_tests" ]]; then
+      "${MPIENV[@]}" timeout 60 mpirun --oversubscribe --bind-to none -np 2 \
+        "$BUILD/tests/distributed/td_dist_tests" --gtest_filter='HostStaged*' \
+        >"$OUT/host_staged.log" 2>&1 || fail "td_dist_tests HostStaged* (2 ranks)"
+      grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/host_staged.log" | head -5
+    fi
+    "${MPIENV[@]}" PYTHONPATH=python timeout 300 $PY benchmarks/gpu/layout_parity.py \
+      --device cuda >"$OUT/layouts.jsonl" 2>"$OUT/layouts.err" || fail "layout parity on CUDA"
+    $PY - "$OUT/layouts.jsonl" <<'PYEOF' || true
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "layout" in r:
+        print(f"{r['layout']:18s} ranks {r.get('ranks', '-')} {r.get('dtype', '')}: "
+              f"max rel diff {r.get('max_rel_diff', float('nan')):.2e} "
+              f"(tol {r.get('rtol', float('nan')):.0e}) {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')[-300:]}")
+PYEOF
   fi
 fi
 

@@ -230,6 +230,31 @@ def cross_node_group(group):
     return _D.cross_node_group(group)
 
 
+def local_rank():
+    """This process's rank on its node as the launcher tells it (Open MPI, MPICH, SLURM,
+    torchrun-style LOCAL_RANK), else 0."""
+    return _env_int(_LOCAL_RANK_ENV) or 0
+
+
+def device_for_rank(device="cuda"):
+    """The device a rank trains on: "cuda" becomes cuda:{local rank % visible devices} (ranks
+    beyond the device count share devices, as on a one-GPU test machine); an explicit
+    "cuda:N" or "cpu" is kept."""
+    if device != "cuda":
+        return device
+    n = _C.cuda_device_count()
+    if n < 1:
+        raise _C.TardelliError("device_for_rank: no CUDA device is visible")
+    return f"cuda:{local_rank() % n}"
+
+
+def host_staged(group, stage_host_tensors=False):
+    """A communicator over `group` (an MPI one) that also takes CUDA tensors, moving them
+    through host memory (include/tardelli/distributed/host_staged.h): for ranks sharing a GPU,
+    where NCCL cannot run."""
+    return _D.host_staged(group, stage_host_tensors)
+
+
 def ranks_per_node_from_env(default):
     """Ranks per node as the launcher tells it (Open MPI, MPICH, SLURM), else `default`."""
     for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):

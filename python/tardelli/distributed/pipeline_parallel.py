@@ -98,6 +98,10 @@ class PipelineRuntime:
         sp = self.chunks[0].sequence_parallel
         self.act_shape = (int(micro_batch_size), int(seq_len) // (tp if sp else 1), cfg.d_model)
         self.act_dtype = cfg.dtype
+        # Received activations and gradients live where the chunks' parameters do (a GPU: the
+        # pp group then stages them through host memory or moves them over NCCL).
+        first = next(iter(self.chunks[0].parameters()), None)
+        self.act_device = first.device if first is not None else "cpu"
         self.embedding_group = None
         if cfg.arch == "gpt2" and self.pp > 1:
             w = grid.world()
@@ -122,7 +126,7 @@ class PipelineRuntime:
         return stage == self.stages - 1
 
     def _recv(self, direction, mb, stage, src):
-        t = self.td.empty(*self.act_shape, dtype=self.act_dtype)
+        t = self.td.empty(*self.act_shape, dtype=self.act_dtype, device=self.act_device)
         self.pp_group.recv(t, src, _tag(direction, mb, stage, self.stages), True).wait()
         return t
 
@@ -146,7 +150,8 @@ class PipelineRuntime:
         t0 = time.time()
         self.timeline = []
         busy = 0.0
-        scale = td.tensor(1.0 / self.m if loss_scale == 1.0 else loss_scale / self.m)
+        scale = td.tensor(1.0 / self.m if loss_scale == 1.0 else loss_scale / self.m,
+                          device=self.act_device)
         for kind, mb, c in self.schedule.actions[self.rank]:
             s = c * self.pp + self.rank
             chunk = self.chunks[c]

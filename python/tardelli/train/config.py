@@ -76,8 +76,9 @@ class TrainConfig:
         help="--dtype fp16: clean steps in a row before the loss scale doubles"))
     seed: int = field(default=1337, metadata=dict(help="initialization, data order, dropout"))
     device: str = field(default="cpu", metadata=dict(
-        help="cpu | cuda | cuda:N: where the model trains (a GPU: one process; batches are "
-             "prepared on the host and copied)"))
+        help="cpu | cuda | cuda:N: where the model trains (batches are prepared on the host "
+             "and copied; several ranks: each on cuda:{local rank % GPUs}, collectives staged "
+             "through host memory)"))
     # ---- data ----
     data: str = field(default="", metadata=dict(help="Megatron dataset prefix (PREFIX.idx/.bin)"))
     split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
@@ -304,10 +305,10 @@ def validate(cfg, dp_size=1):
         need(td.cuda.is_available(), f"--device {cfg.device}: no CUDA device is available "
              f"(td.cuda.device_count() == 0; this build has the CUDA backend: "
              f"{td.cuda.is_built()})")
-        need(dp_size == 1 and cfg.tp == 1 and cfg.pp == 1 and cfg.cp == 1,
-             f"--device {cfg.device}: training on GPUs runs in one process for now (the NCCL "
-             f"communicator is not wired to the trainer); got dp {dp_size}, tp {cfg.tp}, "
-             f"pp {cfg.pp}")
+        need(cfg.cp == 1 and cfg.ep == 1,
+             f"--device {cfg.device} with --cp {cfg.cp} / --ep {cfg.ep}: context and expert "
+             "parallelism run on CPU ranks only for now (data, tensor, sequence and pipeline "
+             "parallelism and ZeRO run on GPUs)")
     need(cfg.tp >= 1, f"--tp must be >= 1, got {cfg.tp}")
     need(not cfg.sequence_parallel or cfg.tp > 1,
          "--sequence-parallel needs tensor parallelism (--tp > 1)")

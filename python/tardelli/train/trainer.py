@@ -424,6 +424,15 @@ def setup_layout(cfg, world=None):
                             "pp); start the ranks with python -m tardelli.launch --nproc N)")
     dp_size = size // mp
     C.validate(cfg, dp_size)
+    if world is not None and size > 1 and cfg.device != "cpu":
+        # Note [Ranks on GPUs]: each rank trains on cuda:{local rank % devices}; its groups move
+        # CUDA tensors through host memory over MPI (host_staged.h), which also serves several
+        # ranks sharing one GPU (NCCL needs one rank per device: not wired to the trainer yet).
+        cfg.device = dist.device_for_rank(cfg.device)
+        world = dist.host_staged(world)
+    elif world is not None and os.environ.get("TD_TEST_STAGE_HOST_TENSORS") == "1":
+        # Testing aid: CPU ranks stage their tensors as GPU ranks do (the CPU stand-in).
+        world = dist.host_staged(world, stage_host_tensors=True)
     grid = None
     if world is not None:
         # Megatron's rank order: tp fastest, then cp, dp, pp slowest; ep carved out of dp
@@ -910,6 +919,8 @@ def train(cfg, world=None, out=print):
     summary = {"event": "train_end", "step": step, "params": n_params, "dp": dp_size,
                "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep,
                "local_params": sum(ch.local_num_parameters() for ch in chunks),
+               "device": cfg.device,
+               "comm_backend": world.backend if world is not None else None,
                "tokens_per_s": (step - start_step) * global_batch * cfg.seq_len /
                max(t_train, 1e-9)}
     if last is not None:
