@@ -94,8 +94,16 @@ def _states(spec, layout, named, alloc, single_process):
             cur = 0
     if cur:
         buckets.append(cur)
-    padded = [max(1, math.ceil(b / dp)) * dp for b in buckets]
     z = layout.zero
+    if z == 3:
+        # FSDP shards per unit (Note [FSDP prefetch]): wte, wpe, each block, the head + ln_f.
+        units = {}
+        for k, n in named:
+            u = ".".join(k.split(".")[:2]) if k.startswith("h.") else \
+                ("post" if k.startswith(("ln_f", "lm_head")) else k)
+            units[u] = units.get(u, 0) + n
+        buckets = list(units.values())
+    padded = [max(1, math.ceil(b / dp)) * dp for b in buckets]
     if z == 3:
         params = sum(sc(4 * p // dp) for p in padded)
     else:
@@ -117,10 +125,11 @@ def _states(spec, layout, named, alloc, single_process):
     return params, grads, opt, bufs, padded
 
 
-def peak_memory(spec, layout, gbs, alloc="td_cpu", in_flight=None):
-    """(peak bytes of the most loaded rank, breakdown dict of that rank). `in_flight`: per pp
-    rank, the most (micro-batch, chunk) activations held at once (SimResult.peak_in_flight);
-    None: 1 (no pipeline)."""
+def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
+    """(peak bytes of the most loaded rank, breakdown dict of that rank). `timeline`: with
+    pp > 1, the schedule's simulated timeline (SimResult.timeline: per rank, (kind, micro-batch,
+    chunk, start, end)), whose order decides how many micro-batches' activations a rank holds
+    at once; None: one micro-batch at a time (no pipeline)."""
     layers = stage_layers(spec, layout)
     tokens = layout.micro_batch_size * spec.seq_len // layout.cp
     single = layout.world == 1 and layout.zero == 0
@@ -143,14 +152,46 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", in_flight=None):
         params, grads, opt, bufs, padded = _states(spec, layout, named, alloc, single)
         params += sum(sc(4 * n) for n in spec.buffers()) * len(chunks)
         blk = block_activation_bytes(spec, layout, tokens, layout.recompute, alloc)
+        if tp > 1 and layout.recompute != "full":
+            # The tensor-parallel layers keep two more residual-sized tensors per block (the
+            # row-parallel outputs after their reduction, which the bias add keeps).
+            blk += 2 * sc(s * d * t_res)
         pre_out = sc(s * d * t_res) if pre and spec.arch == "gpt2" else 0
         # The head keeps d x [t, d] and d W [V/tp, d] fp32 from its forward, ln_f its input
         # (Note [Chunked LM head]).
         post_out = sc(s * d * tokens) + sc(4 * V * d) + sc(s * d * t_res) if post else 0
         mine = n_blocks * blk + pre_out + post_out  # one micro-batch through all my chunks
-        flight = in_flight[r] if in_flight else 1
-        # Other micro-batches' activations held meanwhile (pipelines): their chunk average.
-        other = (flight - 1) * mine / max(1, len(chunks)) if flight > 1 else 0
+        other = 0
+        if timeline is not None:
+            # Replay this rank's simulated schedule: a (micro-batch, chunk) holds its chunk's
+            # activations from the end of its F to the end of its backward (zb: of its W,
+            # whose deferred GEMMs keep their inputs, plus the output gradients they wait for
+            # from the end of I). The peak of the sum, less the one micro-batch `mine` counts.
+            def act(c):
+                v = c * layout.pp + r
+                return layers[v] * blk + (pre_out if v == 0 else 0) + \
+                    (post_out if v == nv - 1 else 0)
+
+            def dys(c):
+                v = c * layout.pp + r
+                qkv = (spec.d_model + 2 * spec.kv_heads * spec.head_dim) // tp
+                ffu = spec.ffn_hidden // tp * (1 if spec.arch == "gpt2" else 2)
+                return layers[v] * s * tokens * (qkv + ffu + 2 * d)
+            ev = []
+            for kind, _, c, t0, t1 in timeline[r]:
+                if kind == "F":
+                    ev.append((t1, act(c)))
+                elif kind == "B":
+                    ev.append((t1, -act(c)))
+                elif kind == "I":
+                    ev.append((t1, dys(c)))
+                elif kind == "W":
+                    ev.append((t1, -act(c) - dys(c)))
+            cur = peak_held = 0
+            for _, delta in sorted(ev, key=lambda e: (e[0], e[1] < 0)):
+                cur += delta
+                peak_held = max(peak_held, cur)
+            other = max(0, peak_held - mine)
         head_ws = 0
         if post:
             # One chunk of fp32 logits (turned into their gradient in place; from 1 MiB up the
@@ -159,7 +200,7 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", in_flight=None):
             rows = max(1, min(tokens, HEAD_CHUNK[alloc] // max(V, 1)))
             logits = 4 * rows * V
             head_ws = sc(logits) * (2 if logits >= 1 << 20 else 1) + sc(s * rows * d) + \
-                (sc(4 * V * d) if -(-tokens // rows) > 1 else 0)
+                (sc(4 * V * d) if -(-tokens // rows) > 1 or tp > 1 else 0)
         bwd_ws = block_backward_bytes(spec, layout, tokens)
         if layout.recompute == "full":
             # The block being recomputed holds, during its backward, what it would keep without
@@ -167,8 +208,19 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", in_flight=None):
             # recomputed output with its gradient.
             bwd_ws += block_activation_bytes(spec, layout, tokens, FULL_KEEPS[spec.arch],
                                              alloc) + 2 * sc(s * d * t_res)
-        zero_ws = 2 * size_class(4 * max(padded), alloc) if layout.zero and padded else 0
-        base = params + opt + bufs + (zero_ws if layout.zero == 3 else 0)
+        # ZeRO-1/2: the parameter all-gather after the step, two buckets at a time. ZeRO-3:
+        # the gathered current and prefetched units (docs/memory.md), in backward also the full
+        # gradient buckets of up to three units and, for gpt2's tied head, the whole table.
+        big = sorted(padded, reverse=True)
+        zero_ws = sum(sc(4 * p) for p in big[:2]) if layout.zero and padded else 0
+        zero3_bwd = 0
+        if layout.zero == 3:
+            zero3_bwd = sum(sc(4 * p) for p in big[:3]) + \
+                (sc(4 * V * d) if spec.arch == "gpt2" else 0)
+        base = params + opt + bufs
+        if layout.zero == 3:
+            base += sc(4 * big[0])  # at the forward's end only the head's unit is gathered
+            zero3_bwd += zero_ws - sc(4 * big[0])
         # Gradients alive at each moment: the DDP's buckets always; in one plain process p.grad
         # appears as backward completes each parameter (Note [Engine]): the head's first,
         # then block by block from the last.
@@ -189,15 +241,17 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", in_flight=None):
             "forward": base + (0 if single else grads) + other + mine + head_ws,
             "head_backward": base + (0 if single else grads) + other + mine +
             (sc(s * d * tokens) + sc(4 * V * d) if post else 0),
-            "backward_first": base + g_at_first + other + mine - post_out + bwd_ws,
-            "backward_last": base + g_at_last + other + pre_out + blk_first + bwd_ws,
+            "backward_first": base + g_at_first + other + mine - post_out + bwd_ws + zero3_bwd,
+            "backward_last": base + g_at_last + other + pre_out + blk_first + bwd_ws +
+            zero3_bwd,
             "optimizer": base + grads + (zero_ws if layout.zero in (1, 2) else 0),
         }
         phase = max(phases, key=phases.get)
         peak = phases[phase]
         bd = {"rank_pp": r, "params": params, "grads": grads, "optimizer": opt,
               "zero_buffers": bufs + zero_ws, "activations": int(other + mine),
-              "head_transient": head_ws, "block_backward": bwd_ws, "phase": phase}
+              "head_transient": head_ws, "block_backward": bwd_ws, "phase": phase,
+              "phases": {k: int(v) for k, v in phases.items()}}
         if best is None or peak > best[0]:
             best = (int(peak), bd)
     return best

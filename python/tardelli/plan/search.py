@@ -21,7 +21,7 @@ def _simulate(kind, stages, m, chunks, tf, tbi, tbw):
 def _in_flight(layout, m):
     if layout.pp == 1:
         return None
-    return _simulate(layout.schedule, layout.pp, m, layout.vpp, 1.0, 1.0, 1.0).peak_in_flight
+    return _simulate(layout.schedule, layout.pp, m, layout.vpp, 1.0, 1.0, 1.0).timeline
 
 
 def evaluate(spec, layout, gbs, machine, nproc=None):
