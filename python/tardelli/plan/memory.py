@@ -68,6 +68,9 @@ def block_activation_bytes(spec, layout, tokens, mode, alloc=None):
 # layers, every recompute mode), where they leave at most 3.0% (gpt2) and 2.1% (llama) error;
 # docs/planner.md, "Memory", and tests/python/test_plan.py check held-out cases.
 WS = {"gpt2": (1.5, 0, 2.0), "llama": (0.0, 0, 1.5)}
+# The fraction of a block's linear-output gradients (qkv, proj, MLP in and out) a zb stage
+# holds per deferred W (measured: 0.5 of them, 2-rank llama, docs/planner.md).
+ZB_DY = 0.5
 # What a block recomputed under --recompute full keeps during its own backward.
 FULL_KEEPS = {"gpt2": "selective", "llama": "none"}
 
@@ -168,15 +171,16 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             # whose deferred GEMMs keep their inputs, plus the output gradients they wait for
             # from the end of I). The peak of the sum, less the one micro-batch `mine` counts.
             def act(c):
+                # + the chunk's received input and its sent output, held for its backward.
                 v = c * layout.pp + r
                 return layers[v] * blk + (pre_out if v == 0 else 0) + \
-                    (post_out if v == nv - 1 else 0)
+                    (post_out if v == nv - 1 else 0) + 2 * sc(s * d * tokens)
 
             def dys(c):
                 v = c * layout.pp + r
                 qkv = (spec.d_model + 2 * spec.kv_heads * spec.head_dim) // tp
                 ffu = spec.ffn_hidden // tp * (1 if spec.arch == "gpt2" else 2)
-                return layers[v] * s * tokens * (qkv + ffu + 2 * d)
+                return layers[v] * s * tokens * (qkv + ffu + 2 * d) * ZB_DY
             ev = []
             for kind, _, c, t0, t1 in timeline[r]:
                 if kind == "F":
