@@ -218,6 +218,10 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
         big = sorted(padded, reverse=True)
         zero_ws = sum(sc(4 * p) for p in big[:2]) if layout.zero and padded else 0
         zero3_bwd = 0
+        if layout.zero == 2:
+            # ZeRO-2: the full buckets being accumulated in the current backward and up to two
+            # whose reduce-scatter is in flight (Note [ZeRO-2 gradient shards]).
+            zero3_bwd = sum(sc(4 * p) for p in big[:3])
         if layout.zero == 3:
             zero3_bwd = sum(sc(4 * p) for p in big[:3]) + \
                 (sc(4 * V * d) if spec.arch == "gpt2" else 0)
