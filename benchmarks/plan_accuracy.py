@@ -76,10 +76,15 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--rescore", help="recompute the predictions for the runs recorded in this "
+                    "file (an earlier output of this script) instead of running anything")
     a = ap.parse_args()
     from tardelli import plan as P
-    from tardelli.plan import calibrate
     machine = P.machine_from(a.profile)
+    if a.rescore:
+        results, picks = rescore(a.rescore, machine)
+        print(json.dumps(dict(summarize(results, picks, None, time.time()), rescored=a.rescore)))
+        return
     rng = random.Random(a.seed)
     results, picks = [], []
     load0 = open("/proc/loadavg").read().split()[:3]
@@ -111,18 +116,50 @@ def main():
                 print(json.dumps(rec), flush=True)
             if measured and measured[0]["rank"] == 1:
                 fastest = min(m["meas_ms"] for m in measured)
-                picks.append({"model": name, "nproc": nproc,
+                picks.append({"model": name, "nproc": nproc, "flags": measured[0]["flags"],
                               "pick_over_fastest": round(measured[0]["meas_ms"] / fastest - 1,
                                                          4)})
+    print(json.dumps(summarize(results, picks, load0, t0)), flush=True)
+
+
+def summarize(results, picks, load0, t0):
+    from tardelli.plan import calibrate
     te = [abs(r["time_err"]) for r in results]
     me = [abs(r["mem_err"]) for r in results]
-    print(json.dumps({
+    return {
         "summary": True, "cpu": calibrate.cpu_name(), "runs": len(results),
         "loadavg_before": load0, "loadavg_after": open("/proc/loadavg").read().split()[:3],
         "seconds": round(time.time() - t0), "step_time_mae": round(statistics.mean(te), 4)
         if te else None, "step_time_max_err": round(max(te), 4) if te else None,
         "mem_mean_abs_err": round(statistics.mean(me), 4) if me else None,
-        "mem_max_abs_err": round(max(me), 4) if me else None, "picks": picks}), flush=True)
+        "mem_max_abs_err": round(max(me), 4) if me else None, "picks": picks}
+
+
+def rescore(path, machine):
+    """Predictions of the current model for the runs recorded in `path` (this script's output):
+    the measured figures stay, the predicted ones and the errors are recomputed, and the
+    planner's pick is the layout the current model ranks first among those measured."""
+    from tardelli import plan as P
+    runs = [json.loads(x) for x in open(path) if x.startswith('{"model"') and '"error"' not in x]
+    out, picks = [], []
+    groups = {}
+    for r in runs:
+        cfg = model_config(MODELS[r["model"]], GLOBAL_BATCH)
+        spec = P.ModelSpec.from_config(cfg)
+        p = P.evaluate(spec, P._parse_flags(r["flags"], r["nproc"]), GLOBAL_BATCH, machine,
+                       r["nproc"])
+        r = dict(r, pred_ms=p["step_ms"], pred_mem=p["peak_mem_bytes"],
+                 time_err=round((p["step_ms"] - r["meas_ms"]) / r["meas_ms"], 4),
+                 mem_err=round((p["peak_mem_bytes"] - r["meas_mem"]) / r["meas_mem"], 4))
+        out.append(r)
+        groups.setdefault((r["model"], r["nproc"]), []).append(r)
+        print(json.dumps(r), flush=True)
+    for (name, nproc), rs in groups.items():
+        pick = min(rs, key=lambda r: r["pred_ms"])
+        fastest = min(r["meas_ms"] for r in rs)
+        picks.append({"model": name, "nproc": nproc, "flags": pick["flags"],
+                      "pick_over_fastest": round(pick["meas_ms"] / fastest - 1, 4)})
+    return out, picks
 
 
 if __name__ == "__main__":

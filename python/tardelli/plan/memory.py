@@ -136,6 +136,8 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
     layers = stage_layers(spec, layout)
     tokens = layout.micro_batch_size * spec.seq_len // layout.cp
     single = layout.world == 1 and layout.zero == 0
+    # With gradient accumulation the later micro-batches run with every p.grad already there.
+    lazy = single and gbs // (layout.micro_batch_size * layout.dp) == 1
     sc = lambda b: size_class(b, alloc)  # noqa: E731
     s, d, tp = spec.dtype_bytes, spec.d_model, layout.tp
     t_res = tokens // tp if layout.sequence_parallel else tokens
@@ -233,12 +235,12 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
         # appears as backward completes each parameter (Note [Engine]): the head's first,
         # then block by block from the last.
         by_name = dict(named)
-        g_head = sum(sc(4 * n) for k, n in named if not k.startswith("h.")) if single else grads
+        g_head = sum(sc(4 * n) for k, n in named if not k.startswith("h.")) if lazy else grads
         g_blocks = [sum(sc(4 * n) for k, n in named if k.startswith(f"h.{i}."))
                     for i in sorted({int(k.split(".")[1]) for k in by_name if k.startswith("h.")})]
         g_blk = max(g_blocks) if g_blocks else 0
         blk_first = blk if n_blocks else 0
-        if single:
+        if lazy:
             g_at_first, g_at_last = g_head, g_head + max(0, len(g_blocks) - 1) * g_blk
         else:
             g_at_first = g_at_last = grads
@@ -246,8 +248,8 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             # Note [Memory phases]: the forward's end (the head's working set on the last
             # stage), the head's backward (new d x and d W beside the saved ones), the first and
             # the last block backward, the optimizer step.
-            "forward": base + (0 if single else grads) + other + mine + head_ws,
-            "head_backward": base + (0 if single else grads) + other + mine +
+            "forward": base + (0 if lazy else grads) + other + mine + head_ws,
+            "head_backward": base + (0 if lazy else grads) + other + mine +
             (sc(s * d * tokens) + sc(4 * V * d) if post else 0),
             "backward_first": base + g_at_first + other + mine - post_out + bwd_ws + zero3_bwd,
             "backward_last": base + g_at_last + other + pre_out + blk_first + bwd_ws +
