@@ -67,6 +67,26 @@ def measure(model_flags, layout_flags, nproc, gbs, steps, timeout=600):
         return statistics.median(dts), summary["peak_mem_bytes_max_rank"]
 
 
+def measure_cpu(model_flags, layout_flags, gbs, steps):
+    """One process, one OpenMP thread, timed in CPU seconds (Note [CPU clock] in
+    python/tardelli/plan/calibrate.py): (CPU seconds per step: a `steps`-step run less a 2-step
+    run, over steps - 2; peak_mem_bytes_max_rank of the longer run)."""
+    from tardelli.plan.calibrate import child_cpu_seconds
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+    cpu, peak = {}, None
+    for n in (2, steps):
+        cmd = [sys.executable, "-m", "tardelli.train", "--synthetic-data", *model_flags,
+               *layout_flags.split(), "--global-batch-size", str(gbs), "--steps", str(n),
+               "--eval-interval", "0", "--no-progress", "--log-interval", "1000"]
+        p, cpu[n] = child_cpu_seconds(cmd, env, cwd=ROOT)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
+        for line in p.stdout.splitlines():
+            if line.startswith("{") and '"train_end"' in line:
+                peak = json.loads(line)["peak_mem_bytes_max_rank"]
+    return (cpu[steps] - cpu[2]) / (steps - 2), peak
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", required=True)
@@ -76,6 +96,9 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: one process with one thread, steps timed in CPU seconds (for a "
+                    "machine shared with other jobs; needs a calibrate --clock cpu profile)")
     ap.add_argument("--rescore", help="recompute the predictions for the runs recorded in this "
                     "file (an earlier output of this script) instead of running anything")
     a = ap.parse_args()
@@ -89,6 +112,8 @@ def main():
     results, picks = [], []
     load0 = open("/proc/loadavg").read().split()[:3]
     t0 = time.time()
+    if a.clock == "cpu":
+        a.nprocs = "1"
     for name in a.models.split(","):
         mflags = MODELS[name]
         cfg = model_config(mflags, GLOBAL_BATCH)
@@ -100,7 +125,10 @@ def main():
             measured = []
             for i, r in enumerate(chosen):
                 try:
-                    sec, peak = measure(mflags, r["flags"], nproc, GLOBAL_BATCH, a.steps)
+                    if a.clock == "cpu":
+                        sec, peak = measure_cpu(mflags, r["flags"], GLOBAL_BATCH, a.steps)
+                    else:
+                        sec, peak = measure(mflags, r["flags"], nproc, GLOBAL_BATCH, a.steps)
                 except RuntimeError as e:
                     print(json.dumps({"model": name, "nproc": nproc, "flags": r["flags"],
                                       "error": str(e)[-500:]}), flush=True)

@@ -106,6 +106,24 @@ def test_alpha_beta_fit_recovers_a_line():
     assert fit["beta_s_per_byte"] == pytest.approx(b, rel=1e-6)
 
 
+def test_two_regime_fit_and_lookup():
+    """Samples from two lines (below and from 256 KiB) give back both, and the profile's lookup
+    uses the one for the message size."""
+    small, big = (1e-5, 1e-10), (2e-4, 4e-10)
+    xs = [1 << k for k in range(12, 24)]
+    samples = [(x, (small if x < calibrate.SPLIT_BYTES else big)[0] +
+                (small if x < calibrate.SPLIT_BYTES else big)[1] * x) for x in xs]
+    fit = calibrate.fit_regimes(samples)
+    assert fit["alpha_s"] == pytest.approx(small[0], rel=1e-6)
+    assert fit["beta_large_s_per_byte"] == pytest.approx(big[1], rel=1e-6)
+    p = toy_profile()
+    p["collectives"]["all_gather"]["2"] = fit
+    m = profile.Machine(p)
+    assert m.collective_seconds("all_gather", 4096, 2) == pytest.approx(1e-5 + 1e-10 * 4096)
+    assert m.collective_seconds("all_gather", 1 << 22, 2) == pytest.approx(
+        2e-4 + 4e-10 * (1 << 22))
+
+
 # ---- memory formulas --------------------------------------------------------------------------
 
 def test_size_class_matches_the_cpu_allocator():

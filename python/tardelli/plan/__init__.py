@@ -126,9 +126,12 @@ def main(argv=None):
             ap.add_argument("--out", default=default_profile_path(), help="profile JSON to write")
             ap.add_argument("--nproc", default="1,2,4",
                             help="world sizes to calibrate for (comma-separated)")
+            ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                            help="cpu: a one-core profile timed in CPU seconds, comparable "
+                            "under load with plan_accuracy.py --clock cpu (Note [CPU clock])")
             a = ap.parse_args(argv[1:])
             os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-            cal.calibrate(a.out, tuple(int(x) for x in a.nproc.split(",")))
+            cal.calibrate(a.out, tuple(int(x) for x in a.nproc.split(",")), clock=a.clock)
             return 0
         return _search_main(argv)
     except (ProfileError, PlanError, ConfigError) as e:

@@ -31,13 +31,21 @@ ATTN = [(b, h, t, hd) for (b, h, t) in ((8, 4, 64), (4, 4, 128), (2, 4, 256), (1
 COMM_SIZES = [1 << s for s in range(12, 24)]   # 4 KiB .. 8 MiB
 
 
+# Note [CPU clock]: on a machine shared with other jobs a wall-clock figure measures the share
+# of the cores this job got. `calibrate --clock cpu` times compute with the process's CPU time
+# instead (time.process_time; with one OpenMP thread per process that is the time the work
+# takes on a core of its own), and benchmarks/plan_accuracy.py --clock cpu measures steps the
+# same way, so the two can be compared under load. Only for one-thread single processes.
+_CLOCK = time.process_time if os.environ.get("TD_PLAN_CLOCK") == "cpu" else time.perf_counter
+
+
 def _best(fn, reps=5, budget=0.25):
     fn()
     best, t_end = float("inf"), time.perf_counter() + budget
     for i in range(reps * 4):
-        t0 = time.perf_counter()
+        t0 = _CLOCK()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, _CLOCK() - t0)
         if i + 1 >= reps and time.perf_counter() > t_end:
             break
     return best
@@ -74,24 +82,35 @@ def worker_compute(threads):
     out["bandwidth"].append({"threads": threads, "bytes_per_s": 3 * 4 * n / t})
     # The fixed cost of one block's forward + backward (op dispatch, autograd bookkeeping):
     # the difference between a 3-layer and a 1-layer GPT of d 32 on 8 tokens, per layer.
-    def tiny_step(layers, arch):
-        cfg = td.models.GPTConfig(arch=arch, vocab_size=64, block_size=8, n_layer=layers,
-                                  n_head=2, d_model=32)
+    def tiny_step(layers, arch, d=32, heads=2, T=8, B=1, V=64, reps=20, budget=0.3):
+        cfg = td.models.GPTConfig(arch=arch, vocab_size=V, block_size=T, n_layer=layers,
+                                  n_head=heads, d_model=d)
         model = td.models.GPT(cfg)
         model.train()
-        x = td.tensor([[i % 64 for i in range(8)]])
+        x = td.tensor([[(i * 7 + j) % V for i in range(T)] for j in range(B)])
 
         def fb():
             model(x, x).backward()
-        return _best(fb, reps=20, budget=0.3)
+        return _best(fb, reps=reps, budget=budget)
+    out["probes"] = []
     for arch in ("gpt2", "llama"):
         out[f"block_overhead_s_{arch}"] = max(0.0, (tiny_step(3, arch) - tiny_step(1, arch)) / 2)
+        # Probes of a real block and head (Note [Elementwise probes] in cost.py): one block's
+        # forward + backward (2 layers less 1) and the LM head's extra cost at vocab 4096 over
+        # 64, for d 256, 4 heads, 4 x 128 tokens.
+        pr = {"arch": arch, "threads": threads, "d": 256, "heads": 4, "seq": 128, "batch": 4,
+              "vocab": 4096}
+        one = tiny_step(1, arch, 256, 4, 128, 4, 64, reps=3, budget=0.5)
+        pr["block_s"] = max(0.0, tiny_step(2, arch, 256, 4, 128, 4, 64, reps=3, budget=0.5) - one)
+        pr["head_s"] = max(0.0, tiny_step(1, arch, 256, 4, 128, 4, 4096, reps=3, budget=0.5) -
+                           one)
+        out["probes"].append(pr)
     s1, s2 = td.randn(1), td.randn(1)
     reps = 2000
-    t0 = time.perf_counter()
+    t0 = _CLOCK()
     for _ in range(reps):
         td.add(s1, s2)
-    out["op_overhead_s"] = (time.perf_counter() - t0) / reps
+    out["op_overhead_s"] = (_CLOCK() - t0) / reps
     print(json.dumps(out))
 
 
@@ -220,6 +239,33 @@ def _run_json(argv, env, timeout=600):
     raise RuntimeError(f"calibrate: no JSON from {' '.join(argv)}:\n{p.stdout[-2000:]}")
 
 
+def child_cpu_seconds(cmd, env, timeout=600, cwd=None):
+    """(CompletedProcess, CPU seconds of the command and its descendants)."""
+    import resource
+
+    def used():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    c0 = used()
+    p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return p, used() - c0
+
+
+def step_overhead_cpu(env):
+    """CPU seconds per step of the train CLI on a 1-layer d-32 model, one process: the
+    difference between a 104-step and a 4-step run over 100 (start-up cancels)."""
+    args = [sys.executable, "-m", "tardelli.train", "--synthetic-data", "--vocab-size", "64",
+            "--layers", "1", "--d-model", "32", "--heads", "2", "--seq-len", "16",
+            "--micro-batch-size", "1", "--eval-interval", "0", "--no-progress",
+            "--log-interval", "100"]
+    cpu = {}
+    for steps in (4, 104):
+        p, cpu[steps] = child_cpu_seconds(args + ["--steps", str(steps)], env)
+        if p.returncode != 0:
+            raise RuntimeError(f"calibrate: train step overhead failed:\n{p.stderr[-2000:]}")
+    return max(0.0, (cpu[104] - cpu[4]) / 100)
+
+
 def step_overhead(nproc, env):
     """Median step time (s) of the train CLI on a 1-layer d-32 model: what a step costs
     besides the model (Python, logging, the per-step metrics collectives)."""
@@ -250,8 +296,12 @@ def cpu_name():
     return platform.processor() or "unknown"
 
 
-def calibrate(out, nprocs=(1, 2, 4), log=print):
+def calibrate(out, nprocs=(1, 2, 4), log=print, clock="wall"):
     cores = os.cpu_count() or 1
+    if clock == "cpu":
+        # Note [CPU clock]: a one-core, one-process profile measured in CPU time.
+        cores, nprocs = 1, (1,)
+        os.environ["TD_PLAN_CLOCK"] = "cpu"
     t0 = time.time()
     prof = {"version": 1, "name": f"{platform.node()} (calibrated)",
             "hardware": f"{cpu_name()}, {cores} cores", "cores": cores,
@@ -266,6 +316,7 @@ def calibrate(out, nprocs=(1, 2, 4), log=print):
         for k in ("gemm", "attention", "bandwidth"):
             prof[k] += r[k]
         ovh.append(r["op_overhead_s"])
+        prof.setdefault("probes", []).extend(r["probes"])
         blk.append({a: r[f"block_overhead_s_{a}"] for a in ("gpt2", "llama")})
     prof["op_overhead_s"] = min(ovh)
     prof["block_overhead_s"] = {a: min(b[a] for b in blk) for a in ("gpt2", "llama")}
@@ -280,13 +331,14 @@ def calibrate(out, nprocs=(1, 2, 4), log=print):
     prof["overlap"] = min(1.0, max(0.0, statistics.median(overlaps))) if overlaps else 0.0
     for n in nprocs:
         log(f"calibrate: train step overhead on {n} rank(s)")
-        prof["step_overhead_s"][str(n)] = step_overhead(n, _env())
+        prof["step_overhead_s"][str(n)] = step_overhead_cpu(_env(1)) if clock == "cpu" else \
+            step_overhead(n, _env())
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         mem = 8 << 30
     prof["memory_bytes"] = int(mem)
-    prof["measured"] = {"seconds": round(time.time() - t0, 1),
+    prof["measured"] = {"seconds": round(time.time() - t0, 1), "clock": clock,
                         "loadavg": open("/proc/loadavg").read().split()[:3]
                         if os.path.exists("/proc/loadavg") else None,
                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -39,6 +39,45 @@ class StepModel:
         self.spec, self.m, self.nproc = spec, machine, nproc
         self.threads = machine.threads(nproc)
         self.slow = machine.contention(nproc)
+        self.ew_rate, self.ce_rate = self._probe_rates()
+
+    def _probe_rates(self):
+        """Note [Elementwise probes]: what a block costs besides its GEMMs, attention and fixed
+        overhead is mostly elementwise work (norms, activation, residual adds, bias adds, the
+        recomputed activation), and what the LM head costs besides its GEMMs is the softmax
+        cross-entropy over the logits; neither runs at the bandwidth of a plain add (GELU and
+        exp are compute-bound). When the profile has probes (one real block and head timed by
+        calibrate), these give seconds per elementwise value (20 d + 4 ff per token) and per
+        logit: the probe's time less this model's GEMM and attention time for the probe's
+        shape. Without probes (hand-written GPU profiles) the bandwidth term is used."""
+        probes = [r for r in self.m.p.get("probes", []) if r["arch"] == self.spec.arch]
+        if not probes:
+            return None, None
+        t = min({r["threads"] for r in probes}, key=lambda x: (abs(x - self.threads), -x))
+        r = [r for r in probes if r["threads"] == t][0]
+        from .layout import Layout, ModelSpec
+        ff = 4 * r["d"] if r["arch"] == "gpt2" else (8 * r["d"] // 3 + 63) // 64 * 64
+        spec = ModelSpec(r["arch"], 1, r["d"], r["heads"], r["heads"], ff, r["seq"], r["vocab"],
+                         self.spec.dtype)
+        lay = Layout(micro_batch_size=r["batch"])
+        tokens = r["batch"] * r["seq"]
+        g = 0.0
+        for m, n, k in _gemms(spec, lay, tokens):
+            g += self.m.gemm_seconds(m, n, k, spec.dtype, t) + \
+                self.m.gemm_seconds(m, k, n, spec.dtype, t) + \
+                self.m.gemm_seconds(n, k, m, spec.dtype, t)
+        att = 6.0 * r["batch"] * r["seq"] ** 2 * r["d"] / 2
+        g += self.m.attention_seconds(att, r["seq"], r["d"] // r["heads"], spec.dtype, t)
+        rest = r["block_s"] - g - self.m.block_overhead(r["arch"])
+        ew = rest / (tokens * (_EW_D * r["d"] + _EW_FF * ff)) if rest > 0 else None
+        dv = r["vocab"] - 64
+        hg = sum(self.m.gemm_seconds(a, b, c, spec.dtype, t) - self.m.gemm_seconds(
+            a if a != r["vocab"] else 64, b if b != r["vocab"] else 64,
+            c if c != r["vocab"] else 64, spec.dtype, t)
+            for a, b, c in ((tokens, r["vocab"], r["d"]), (tokens, r["d"], r["vocab"]),
+                            (r["vocab"], r["d"], tokens)))
+        ce = (r["head_s"] - hg) / (tokens * dv) if r["head_s"] > hg else None
+        return ew, ce
 
     # ---- compute -------------------------------------------------------------------------
     def _gemm(self, m, n, k):
@@ -65,8 +104,13 @@ class StepModel:
         t_res = tokens // layout.tp if layout.sequence_parallel else tokens
         ew = s * (_EW_D * spec.d_model * t_res + _EW_FF * ff * tokens)
         ovh = self.m.block_overhead(spec.arch)
-        fwd += self.m.memory_seconds(ew, self.threads) + ovh / 3
-        bi += self.m.memory_seconds(2 * ew, self.threads) + 2 * ovh / 3
+        if self.ew_rate is not None:
+            t_ew = self.ew_rate * ew / s  # seconds per value, forward + backward
+            fwd += t_ew / 3 + ovh / 3
+            bi += 2 * t_ew / 3 + 2 * ovh / 3
+        else:
+            fwd += self.m.memory_seconds(ew, self.threads) + ovh / 3
+            bi += self.m.memory_seconds(2 * ew, self.threads) + 2 * ovh / 3
         return fwd * self.slow, bi * self.slow, bw * self.slow
 
     def head_times(self, layout, tokens):
@@ -75,7 +119,10 @@ class StepModel:
         spec, d = self.spec, self.spec.d_model
         V = spec.padded_vocab(layout.tp, layout.cp) // layout.tp
         f = self._gemm(tokens, V, d) + self._gemm(tokens, d, V) + self._gemm(V, d, tokens)
-        f += self.m.memory_seconds(4 * 4 * tokens * V + 4 * V * d, self.threads)
+        if self.ce_rate is not None:
+            f += self.ce_rate * tokens * V + self.m.memory_seconds(4 * V * d, self.threads)
+        else:
+            f += self.m.memory_seconds(4 * 4 * tokens * V + 4 * V * d, self.threads)
         f += self.m.op_seconds(12)
         b = self.m.memory_seconds(3 * 4 * V * d + 3 * 4 * tokens * d, self.threads)
         b += self.m.op_seconds(8)

@@ -14,6 +14,10 @@ profile never silently falls back to a default.
      "attention": [{"dtype": "fp32", "threads": 1, "seq": 256, "head_dim": 64,
                     "flops": 3.0e10}, ...],        # fwd+bwd FLOP/s of causal attention
      "bandwidth": [{"threads": 1, "bytes_per_s": 1.2e10}, ...],   # memory-bound ops
+     "probes": [{"arch": "gpt2", "threads": 1, "d": 256, "heads": 4, "seq": 128,
+                 "batch": 4, "vocab": 4096, "block_s": 0.05, "head_s": 0.04}],
+                                     # optional: one real block and LM head, timed (cost.py
+                                     # Note [Elementwise probes])
      "op_overhead_s": 4e-6,          # fixed cost of one op call (dispatch, Python)
      "block_overhead_s": {"gpt2": 3e-4, "llama": 3e-4},  # fixed cost of one block's forward
                                      # + backward besides its FLOPs and bytes
@@ -108,7 +112,7 @@ def validate(p):
                               "collectives", "overlap",
                               "allocator", "memory_bytes"),
                ("hardware", "ranks_per_node", "inter_node", "memory_slack", "measured",
-                "notes", "tp_comm_overlap", "dp_overlap_with_pp"))
+                "notes", "tp_comm_overlap", "dp_overlap_with_pp", "probes"))
     if p["version"] != 1:
         raise ProfileError(f"profile.version: expected 1, got {p['version']!r}")
     if not isinstance(p["name"], str):
@@ -125,6 +129,19 @@ def validate(p):
     _check_rows(p["attention"], "profile.attention",
                 ("dtype", "threads", "seq", "head_dim", "flops"))
     _check_rows(p["bandwidth"], "profile.bandwidth", ("threads", "bytes_per_s"))
+    if "probes" in p:
+        if not isinstance(p["probes"], list):
+            raise ProfileError("profile.probes: expected a list")
+        for i, r in enumerate(p["probes"]):
+            w = f"profile.probes[{i}]"
+            _check_obj(r, w, ("arch", "threads", "d", "heads", "seq", "batch", "vocab",
+                              "block_s", "head_s"))
+            if r["arch"] not in ("gpt2", "llama"):
+                raise ProfileError(f"{w}.arch: expected gpt2 or llama, got {r['arch']!r}")
+            for k in ("threads", "d", "heads", "seq", "batch", "vocab"):
+                _positive(r, k, w)
+            for k in ("block_s", "head_s"):
+                _positive(r, k, w, allow_zero=True)
     _positive(p, "op_overhead_s", "profile", allow_zero=True)
     _check_obj(p["block_overhead_s"], "profile.block_overhead_s", ("gpt2", "llama"))
     for a in ("gpt2", "llama"):
