@@ -265,19 +265,19 @@ class Machine:
         return ops * self.p["op_overhead_s"]
 
     def step_overhead(self, nproc):
+        """The per-step overhead at `nproc` ranks: linear in log2(world) between measured world
+        sizes, the nearest measured one outside them (no extrapolation)."""
         so = {int(k): v for k, v in self.p["step_overhead_s"].items()}
-        if nproc in so:
-            return so[nproc]
-        # Linear in log2(world) between (or beyond) the measured world sizes.
         ks = sorted(so)
-        if len(ks) == 1:
+        if nproc <= ks[0]:
             return so[ks[0]]
-        a, b = (ks[0], ks[1]) if nproc < ks[0] else (ks[-2], ks[-1])
-        for x, y in zip(ks, ks[1:]):
-            if x <= nproc <= y:
-                a, b = x, y
-        f = (math.log2(nproc) - math.log2(a)) / (math.log2(b) - math.log2(a))
-        return max(0.0, so[a] + f * (so[b] - so[a]))
+        if nproc >= ks[-1]:
+            return so[ks[-1]]
+        for a, b in zip(ks, ks[1:]):
+            if a <= nproc <= b:
+                f = (math.log2(nproc) - math.log2(a)) / (math.log2(b) - math.log2(a))
+                return so[a] + f * (so[b] - so[a])
+        return so[ks[-1]]
 
     def collective_seconds(self, op, nbytes, group, span_nodes=False):
         """alpha + beta x bytes of `op` over `group` ranks (bytes: nccl-tests' convention, the
