@@ -85,6 +85,13 @@ class TrainConfig:
     synthetic_data: bool = field(default=False, metadata=dict(
         help="random tokens drawn from the seed instead of a dataset"))
     # ---- parallelism (data parallel size = world size / (tp x cp x pp))
+    plan: str = field(default="", metadata=dict(
+        help="auto: take tp, pp, vpp, cp, ep, the schedule, micro batch, ZeRO stage and "
+             "recomputation from the planner's fastest layout for this world size "
+             "(docs/planner.md); empty: as given"))
+    plan_profile: str = field(default="", metadata=dict(
+        help="with --plan auto: the machine profile (default $TD_PLAN_PROFILE or "
+             "~/.cache/tardelli/profile.json; python -m tardelli.plan calibrate)"))
     tp: int = field(default=1, metadata=dict(
         help="tensor-parallel size: each layer's matrices split over this many ranks"))
     sequence_parallel: bool = field(default=False, metadata=dict(
@@ -266,12 +273,30 @@ def parse_config(argv=None, world_size=1):
         if v is not None:
             values[name] = v
     cfg = TrainConfig(**values)
+    if cfg.plan:
+        cfg = _planned(cfg, world_size)
     mp = cfg.tp * cfg.pp * cfg.cp
     if mp >= 1 and world_size % mp != 0:
         raise ConfigError(f"--tp {cfg.tp} x --cp {cfg.cp} x --pp {cfg.pp} does not divide the "
                           f"{world_size} ranks of this job")
     validate(cfg, world_size // mp if mp >= 1 else 1)
     return cfg, args
+
+
+def _planned(cfg, world_size):
+    """--plan auto: cfg with the layout fields of the planner's fastest layout for world_size
+    ranks (every rank computes the same, deterministic choice)."""
+    if cfg.plan != "auto":
+        raise ConfigError(f"--plan: unknown value {cfg.plan!r} (choose auto, or leave it out)")
+    from .. import plan
+    try:
+        cfg, top = plan.best_layout(cfg, world_size, cfg.plan_profile or None)
+    except (plan.ProfileError, plan.PlanError) as e:
+        raise ConfigError(f"--plan auto: {e}") from None
+    if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")) == "0":
+        print(f"train: --plan auto: {top['flags']} (predicted {top['step_ms']:.1f} ms/step, "
+              f"peak {top['peak_mem_bytes'] / 2 ** 20:.1f} MiB per rank)", flush=True)
+    return cfg
 
 
 def validate(cfg, dp_size=1):
