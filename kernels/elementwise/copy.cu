@@ -60,6 +60,50 @@ void ew_cast(const EwArgs& a, EwType dst, EwType src, cudaStream_t stream) {
   });
 }
 
+namespace ew {
+namespace {
+
+// Calls body.template operator()<T>() with the storage type of t; FP8 stores saturate or not.
+template <bool Saturate, typename Body>
+void dispatch_cast(CastType t, Body&& body) {
+  switch (t) {
+    case CastType::F8E4M3FN:
+      return body.template operator()<Fp8<Fp8Kind::E4M3FN, Saturate>>();
+    case CastType::F8E5M2:
+      return body.template operator()<Fp8<Fp8Kind::E5M2, Saturate>>();
+    default:
+      return dispatch_all(static_cast<EwType>(t), body);
+  }
+}
+
+constexpr bool is_fp8(CastType t) {
+  return t == CastType::F8E4M3FN || t == CastType::F8E5M2;
+}
+
+}  // namespace
+}  // namespace ew
+
+void ew_cast_fp8(const EwArgs& a, CastType dst, CastType src, bool saturate, cudaStream_t stream) {
+  if (!ew::is_fp8(dst) && !ew::is_fp8(src)) {
+    return ew_cast(a, static_cast<EwType>(dst), static_cast<EwType>(src), stream);
+  }
+  if (dst == src) {  // bytes: decoding and re-encoding would canonicalize E5M2's NaN codes
+    return ew::launch<ew::CastF<uint8_t>, uint8_t, uint8_t>(a, ew::CastF<uint8_t>{}, stream);
+  }
+  auto cast = [&]<typename TO>() {
+    ew::dispatch_cast<false>(src, [&]<typename TI>() {
+      if constexpr (ew::kIsFp8<TO> || ew::kIsFp8<TI>) {  // the other pairs are ew_cast's
+        ew::launch<ew::CastF<ew::acc<TO>>, TO, TI>(a, ew::CastF<ew::acc<TO>>{}, stream);
+      }
+    });
+  };
+  if (saturate) {
+    ew::dispatch_cast<true>(dst, cast);
+  } else {
+    ew::dispatch_cast<false>(dst, cast);
+  }
+}
+
 void ew_fill(const EwArgs& a, int elem_bytes, uint64_t bits, cudaStream_t stream) {
   switch (elem_bytes) {
     case 1:

@@ -88,6 +88,13 @@ enum class EwOp : uint8_t {
 
 // dst <- src converted (operands: dst, src), as the CPU's static_cast through the compute types.
 void ew_cast(const EwArgs& a, EwType dst, EwType src, cudaStream_t stream);
+// The element types of a conversion: EwType's, then the FP8 formats (td::DType's order).
+enum class CastType : uint8_t { F32, BF16, F16, I32, I64, Bool, F8E4M3FN, F8E5M2 };
+// dst <- src converted (operands: dst, src) where dst, src or both are FP8: through float, FP8
+// values rounded to nearest even as the CPU rounds them (Note [FP8 kernel conversions] in
+// common/fp8.cuh); overflow gives +-max when saturate, else NaN (E4M3FN) / +-inf (E5M2). Between
+// equal FP8 types the bytes are copied.
+void ew_cast_fp8(const EwArgs& a, CastType dst, CastType src, bool saturate, cudaStream_t stream);
 // Every element of operand 0 set to the `elem_bytes`-byte pattern `bits`.
 void ew_fill(const EwArgs& a, int elem_bytes, uint64_t bits, cudaStream_t stream);
 // Unary (Neg .. LogicalNot) or binary (Add .. Ge) op on inputs of dtype t. False (nothing

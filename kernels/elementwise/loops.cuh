@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/cuda_types.cuh"
+#include "common/fp8.cuh"
 #include "elementwise/elementwise.cuh"
 #include "runtime/cuda_check.cuh"
 
@@ -25,26 +26,39 @@ template <>
 struct AccOf<__half> {
   using type = float;
 };
+template <Fp8Kind K, bool S>
+struct AccOf<Fp8<K, S>> {
+  using type = float;
+};
 template <typename T>
 using acc = typename AccOf<T>::type;
 
 template <typename T>
 inline constexpr bool kIsHalf = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+template <typename T>
+inline constexpr bool kIsFp8 = false;
+template <Fp8Kind K, bool S>
+inline constexpr bool kIsFp8<Fp8<K, S>> = true;
 
 template <typename T>
 __device__ __forceinline__ acc<T> load(T v) {
   if constexpr (kIsHalf<T>) {
     return to_float(v);
+  } else if constexpr (kIsFp8<T>) {
+    return fp8_decode<T::kKind>(v.bits);
   } else {
     return v;
   }
 }
 
-// The CPU's static_cast<TOut>(value): 16-bit floats round from float to nearest even.
+// The CPU's static_cast<TOut>(value): 16-bit floats round from float to nearest even; FP8 as
+// Note [FP8 kernel conversions].
 template <typename T, typename V>
 __device__ __forceinline__ T store(V v) {
   if constexpr (kIsHalf<T>) {
     return from_float<T>(static_cast<float>(v));
+  } else if constexpr (kIsFp8<T>) {
+    return T{fp8_encode<T::kKind>(static_cast<float>(v), T::kSaturate)};
   } else {
     return static_cast<T>(v);
   }

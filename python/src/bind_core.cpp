@@ -56,6 +56,9 @@ py::dtype numpy_dtype(DType t) {
       return py::dtype::of<bool>();
     case DType::BFloat16:
       TD_ERROR("numpy(): numpy has no bfloat16 dtype; convert first with .float()");
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2:  // as torch: .numpy() refuses float8, .tolist() converts
+      TD_ERROR("numpy(): numpy has no ", dtype_name(t), " dtype; convert first with .float()");
   }
   TD_ERROR("numpy(): invalid dtype");
 }
@@ -142,6 +145,8 @@ void bind_dtype_device(py::module_& m) {
       .value("int32", DType::Int32)
       .value("int64", DType::Int64)
       .value("bool", DType::Bool)
+      .value("float8_e4m3fn", DType::Float8E4M3FN)
+      .value("float8_e5m2", DType::Float8E5M2)
       .def_property_readonly("is_floating_point", [](DType t) { return is_floating(t); })
       .def_property_readonly("itemsize", [](DType t) { return itemsize(t); });
   dt.attr("__repr__") = py::cpp_function(
@@ -274,6 +279,7 @@ void bind_factories(py::module_& m) {
   m.def("scalar_tensor", &scalar_tensor, "value"_a, "dtype"_a = DType::Float32, "device"_a = kCPU,
         nogil());
   m.def("from_numpy", &from_numpy, "array"_a);
+  m.def("to_fp8", &to_fp8, "input"_a, "dtype"_a, "saturate"_a = true, nogil());
   m.def(
       "memory_stats", [](const Device& d) { return stats_dict(memory_stats(d)); },
       "device"_a = kCPU);

@@ -303,6 +303,13 @@ def empty_cache(device="cpu"):
     _C.empty_cache(as_device(device))
 
 
+def to_fp8(input, dtype, saturate=True):
+    """`input` converted to a float8 dtype (round to nearest even). With saturate, values beyond
+    the format's range become +-max (448 for float8_e4m3fn, 57344 for float8_e5m2); without,
+    the result is input.to(dtype)'s, which is torch's: NaN (e4m3fn) or +-inf (e5m2)."""
+    return _C.to_fp8(input, as_dtype(dtype), saturate)
+
+
 __all__ = [
     "Size", "tensor", "as_tensor", "from_numpy", "empty", "zeros", "ones", "full", "arange",
     "rand", "randn", "randint", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
@@ -310,4 +317,5 @@ __all__ = [
     "log_softmax", "transpose", "permute", "reshape", "flatten", "squeeze", "unsqueeze",
     "narrow", "select", "t", "clone", "detach", "equal", "numel", "is_tensor", "is_floating_point",
     "get_default_dtype", "manual_seed", "memory_stats", "reset_peak_memory_stats", "empty_cache",
+    "to_fp8",
 ]

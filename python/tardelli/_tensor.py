@@ -133,7 +133,7 @@ def _numpy(self, force=False):
     t = self
     if force:
         t = t.detach()
-        if t.dtype == _C.dtype.bfloat16:
+        if t.dtype in (_C.dtype.bfloat16, _C.dtype.float8_e4m3fn, _C.dtype.float8_e5m2):
             t = t.float()
     elif t.requires_grad:
         raise TardelliError("numpy(): can't call numpy() on a tensor that requires grad; "

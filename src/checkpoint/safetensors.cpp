@@ -70,16 +70,20 @@ int dtype_rank(DType t) {
   switch (t) {
     case DType::Bool:
       return 0;
-    case DType::Float16:
+    case DType::Float8E5M2:
       return 1;
-    case DType::BFloat16:
+    case DType::Float8E4M3FN:
       return 2;
-    case DType::Int32:
+    case DType::Float16:
       return 3;
-    case DType::Float32:
+    case DType::BFloat16:
       return 4;
-    case DType::Int64:
+    case DType::Int32:
       return 5;
+    case DType::Float32:
+      return 6;
+    case DType::Int64:
+      return 7;
   }
   return -1;
 }
@@ -163,22 +167,28 @@ const char* safetensors_dtype_name(DType dtype) {
       return "I64";
     case DType::Bool:
       return "BOOL";
+    // The reference's names for torch.float8_e4m3fn / float8_e5m2 (its E4M3 is the FN variant)
+    case DType::Float8E4M3FN:
+      return "F8_E4M3";
+    case DType::Float8E5M2:
+      return "F8_E5M2";
   }
   TD_ERROR("safetensors: invalid dtype value ", static_cast<int>(dtype));
 }
 
 DType safetensors_dtype(const std::string& name) {
-  for (DType t :
-       {DType::Float32, DType::BFloat16, DType::Float16, DType::Int32, DType::Int64, DType::Bool})
+  for (DType t : {DType::Float32, DType::BFloat16, DType::Float16, DType::Int32, DType::Int64,
+                  DType::Bool, DType::Float8E4M3FN, DType::Float8E5M2})
     if (name == safetensors_dtype_name(t)) return t;
-  static const char* kKnownUnsupported[] = {"F64", "U8",      "I8",      "I16",     "U16",
-                                            "U32", "U64",     "F8_E5M2", "F8_E4M3", "F8_E8M0",
-                                            "F4",  "F6_E2M3", "F6_E3M2", "C64"};
+  static const char* kKnownUnsupported[] = {"F64", "U8", "I8",      "I16",     "U16", "U32",
+                                            "U64", "F4", "F6_E2M3", "F6_E3M2", "C64", "F8_E8M0"};
   for (const char* u : kKnownUnsupported)
     if (name == u)
       TD_ERROR("dtype ", name,
-               " is not supported by tardelli (supported: F32, BF16, F16, I32, I64, BOOL)");
-  TD_ERROR("unknown dtype \"", name, "\" (supported: F32, BF16, F16, I32, I64, BOOL)");
+               " is not supported by tardelli (supported: F32, BF16, F16, I32, I64, BOOL, "
+               "F8_E4M3, F8_E5M2)");
+  TD_ERROR("unknown dtype \"", name,
+           "\" (supported: F32, BF16, F16, I32, I64, BOOL, F8_E4M3, F8_E5M2)");
 }
 
 const Tensor* SafetensorsFile::find(const std::string& name) const {

@@ -61,7 +61,7 @@ double Tensor::item_double() const {
   TD_CHECK(numel() == 1, "item(): only one-element tensors can be converted to a scalar, got ",
            describe(*this));
   Tensor c = is_cpu() ? *this : to(kCPU);
-  return TD_DISPATCH_ALL(c.dtype(), "item", [&]<typename T>() -> double {
+  return TD_DISPATCH_ALL_AND_FLOAT8(c.dtype(), "item", [&]<typename T>() -> double {
     return static_cast<double>(static_cast<acc_t<T>>(*static_cast<const T*>(c.data_ptr())));
   });
 }
@@ -81,7 +81,7 @@ namespace {
 void print_rec(std::ostream& os, const Tensor& t, int64_t d, int64_t offset, bool summarize,
                int indent) {
   auto value_at = [&](int64_t off) -> std::string {
-    return TD_DISPATCH_ALL(t.dtype(), "print", [&]<typename T>() -> std::string {
+    return TD_DISPATCH_ALL_AND_FLOAT8(t.dtype(), "print", [&]<typename T>() -> std::string {
       const T* base = static_cast<const T*>(t.storage().data());
       std::ostringstream s;
       if constexpr (std::is_same_v<T, bool>) {

@@ -149,6 +149,9 @@ void check_disjoint(const Communicator& c, const Tensor& out, const Tensor& in, 
 }
 
 void check_reduce_op(const Communicator& c, const Tensor& t, ReduceOp rop, const char* op) {
+  TD_CHECK(!is_float8(t.dtype()), op, " (", c.where(), "): ", describe(t),
+           " cannot be reduced (float8 tensors take part in no arithmetic: reduce in float32 or "
+           "bfloat16)");
   TD_CHECK(!(t.dtype() == DType::Bool && rop == ReduceOp::Avg), op, " (", c.where(),
            "): avg is not defined for bool tensors (sum/max reduce bool with OR, min with AND)");
 }

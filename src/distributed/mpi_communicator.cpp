@@ -186,6 +186,8 @@ MPI_Datatype mpi_type(DType t) {
     case DType::Int64:
       return MPI_INT64_T;
     case DType::Bool:
+    case DType::Float8E4M3FN:  // moved as bytes; reductions refuse them (check_reduce_op)
+    case DType::Float8E5M2:
       return MPI_UINT8_T;
   }
   TD_ERROR("mpi: invalid dtype");

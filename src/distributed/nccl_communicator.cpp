@@ -61,6 +61,8 @@ ncclDataType_t nccl_type(DType t) {
     case DType::Int64:
       return ncclInt64;
     case DType::Bool:
+    case DType::Float8E4M3FN:  // moved as bytes; reductions refuse them (check_reduce_op)
+    case DType::Float8E5M2:
       return ncclUint8;
   }
   TD_ERROR("nccl: invalid dtype");

@@ -19,6 +19,13 @@ inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) 
            a.device().str(), " and ", b.device().str());
 }
 
+// Note [FP8 dtypes]: for the paths that would otherwise widen a non-floating input to float32
+// (int tensors do), so that float8 tensors get the same refusal everywhere.
+inline void check_not_float8(const Tensor& t, const char* op) {
+  TD_CHECK(!is_float8(t.dtype()), op, ": unsupported dtype ", dtype_name(t.dtype()),
+           " (float8 tensors only convert and move: use .to() first)");
+}
+
 inline void check_floating(const Tensor& t, const char* op) {
   TD_CHECK(t.is_floating_point(), op, ": expected a floating point tensor, got ", describe(t));
 }

@@ -58,11 +58,49 @@ void copy_into(const Tensor& dst, const Tensor& src) {
     return;
   }
   if (cpu::transpose_copy(dst, src)) return;  // Note [Transposed copies]
-  TD_DISPATCH_ALL(dst.dtype(), "copy_", [&]<typename TD>() {
-    TD_DISPATCH_ALL(src.dtype(), "copy_", [&]<typename TS>() {
+  if (is_float8(dst.dtype()) && dst.dtype() == src.dtype()) {
+    // bytes, not values: a decode and re-encode would canonicalize E5M2's NaN codes
+    cpu::map<uint8_t, uint8_t>(dst, [](uint8_t v) { return v; }, {src});
+    return;
+  }
+  // Note [FP8 storage types]: float8 elements convert through float (exact from bf16, f16 and
+  // from the integers in FP8's range, so one rounding), without saturation.
+  TD_DISPATCH_ALL_AND_FLOAT8(dst.dtype(), "copy_", [&]<typename TD>() {
+    TD_DISPATCH_ALL_AND_FLOAT8(src.dtype(), "copy_", [&]<typename TS>() {
       cpu::map<TD, TS>(dst, [](acc_t<TS> v) { return static_cast<acc_t<TD>>(v); }, {src});
     });
   });
+}
+
+Tensor to_fp8(const Tensor& t, DType dtype, bool saturate) {
+  TD_CHECK(t.defined(), "to_fp8: undefined tensor");
+  TD_CHECK(is_float8(dtype), "to_fp8: target dtype must be float8_e4m3fn or float8_e5m2, got ",
+           dtype_name(dtype));
+  TD_CHECK(!is_float8(t.dtype()) || t.dtype() == dtype, "to_fp8: the input ", describe(t),
+           " is already float8; convert it to float32 first to change the format");
+  if (!saturate || t.dtype() == dtype) return to_dtype(t, dtype);
+  Tensor out = Tensor::empty(t.sizes(), dtype, t.device());
+  if (t.numel() == 0) return out;
+#if TD_WITH_CUDA
+  if (t.is_cuda()) {
+    cuda_ops::copy_to_fp8_(out, t.detach(), /*saturate=*/true);
+    return out;
+  }
+#endif
+  ops::check_cpu(t, "to_fp8");
+  const Fp8Format f = fp8_format_of(dtype);
+  auto* o = static_cast<uint8_t*>(out.data_ptr());
+  if (t.dtype() == DType::Float32 && t.is_contiguous()) {
+    fp8_from_float(t.data_ptr<float>(), o, static_cast<size_t>(t.numel()), f, true);
+    return out;
+  }
+  TD_DISPATCH_ALL(t.dtype(), "to_fp8", [&]<typename T>() {
+    cpu::map<uint8_t, T>(
+        out,
+        [f](acc_t<T> v) { return fp8_from_float(static_cast<float>(v), f, /*saturate=*/true); },
+        {t.detach()});
+  });
+  return out;
 }
 
 Tensor to_dtype(const Tensor& t, DType dtype) {

@@ -31,7 +31,11 @@ DType arith_type(const Tensor& a, const Tensor& b, const char* op) {
   return promote_types(a.dtype(), b.dtype());
 }
 
-DType float_type(DType t) {
+// The dtype an op that always computes in floating point uses: int and bool inputs widen to
+// float32; float8 inputs are refused (Note [FP8 dtypes]).
+DType float_type(DType t, const char* op) {
+  TD_CHECK(!is_float8(t), op, ": unsupported dtype ", dtype_name(t),
+           " (float8 tensors only convert and move: use .to() first)");
   return is_floating(t) ? t : DType::Float32;
 }
 
@@ -40,6 +44,7 @@ DType float_type(DType t) {
 DType scalar_result_type(const Tensor& a, double s, const char* op) {
   ops::check_defined(a, op, "input");
   TD_CHECK(a.dtype() != DType::Bool, op, ": arithmetic on bool tensors is not supported");
+  ops::check_not_float8(a, op);
   if (!a.is_floating_point() && s != std::floor(s)) return DType::Float32;
   return a.dtype();
 }
@@ -84,7 +89,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  DType rt = float_type(arith_type(a, b, "div"));
+  DType rt = float_type(arith_type(a, b, "div"), "div");
   Tensor out = binary_map("div", a, b, rt, {ops::Ew::Div}, [](auto x, auto y) { return x / y; });
   if (needs_grad({a, b})) {
     record("DivBackward", {a, b}, {&out},
@@ -97,7 +102,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
-  DType rt = float_type(arith_type(a, b, "pow"));
+  DType rt = float_type(arith_type(a, b, "pow"), "pow");
   Tensor out =
       binary_map("pow", a, b, rt, {ops::Ew::Pow}, [](auto x, auto y) { return std::pow(x, y); });
   if (needs_grad({a, b})) {
@@ -214,7 +219,7 @@ Tensor mul(const Tensor& a, double s) {
 
 Tensor div(const Tensor& a, double s) {
   ops::check_defined(a, "div", "input");
-  DType rt = float_type(a.dtype());
+  DType rt = float_type(a.dtype(), "div");
   Tensor out = scalar_map("div", a, rt, {ops::Ew::DivScalar, s},
                           [v = static_cast<float>(s)](auto x) { return x / v; });
   if (needs_grad({a})) {
@@ -230,7 +235,7 @@ Tensor rsub(const Tensor& a, double s) {
 
 Tensor rdiv(const Tensor& a, double s) {
   ops::check_defined(a, "rdiv", "input");
-  DType rt = float_type(a.dtype());
+  DType rt = float_type(a.dtype(), "rdiv");
   Tensor out = scalar_map("rdiv", a, rt, {ops::Ew::RdivScalar, s},
                           [v = static_cast<float>(s)](auto x) { return v / x; });
   if (needs_grad({a})) {
@@ -243,7 +248,7 @@ Tensor rdiv(const Tensor& a, double s) {
 
 Tensor pow(const Tensor& a, double e) {
   ops::check_defined(a, "pow", "input");
-  DType rt = float_type(a.dtype());
+  DType rt = float_type(a.dtype(), "pow");
   float fe = static_cast<float>(e);
   Tensor out;
   if (e == 2.0) {
@@ -265,7 +270,7 @@ Tensor pow(const Tensor& a, double e) {
 
 Tensor rpow(const Tensor& a, double base) {
   ops::check_defined(a, "pow", "exponent");
-  DType rt = float_type(a.dtype());
+  DType rt = float_type(a.dtype(), "pow");
   float fb = static_cast<float>(base);
   Tensor out = scalar_map("pow", a, rt, {ops::Ew::RpowScalar, base},
                           [fb](auto x) { return std::pow(fb, x); });

@@ -60,6 +60,7 @@ Tensor unary_map(const char* op, const Tensor& a, EwSpec spec, F f) {
 template <typename F>
 Tensor unary_float_map(const char* op, const Tensor& a, EwSpec spec, F f) {
   check_defined(a, op, "input");
+  check_not_float8(a, op);
   if (!on_cuda_backend(a)) check_cpu(a, op);
   Tensor in = a.is_floating_point() ? a : to_dtype(a.detach(), DType::Float32);
   Tensor out = Tensor::empty(in.sizes(), in.dtype(), in.device());

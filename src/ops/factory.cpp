@@ -167,7 +167,7 @@ Tensor& Tensor::fill_(double value) {
   }
 #endif
   ops::check_cpu(*this, "fill_");
-  TD_DISPATCH_ALL(dtype(), "fill_", [&]<typename T>() {
+  TD_DISPATCH_ALL_AND_FLOAT8(dtype(), "fill_", [&]<typename T>() {
     T v = static_cast<T>(static_cast<acc_t<T>>(value));
     if (is_contiguous()) {
       fill_contiguous<T>(*this, v);

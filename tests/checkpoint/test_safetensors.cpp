@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "tardelli/ops/factory.h"
 
@@ -144,6 +146,95 @@ TEST_F(Safetensors, ReadsAndReproducesReferenceFile) {
   EXPECT_EQ(read_bytes(path("ours.safetensors")), ref);
 }
 
+// A file written by the Python `safetensors` package (0.8.0; serialize() with TensorSpecs of
+// dtype "float8_e4m3fn" / "float8_e5m2" over raw bytes, since the Debian torch has no float8;
+// metadata {"format": "pt"}):
+//   h  F16 [1, -2]      e4 F8_E4M3 [2, 4] codes 38 b8 7e fe 7f 01 08 80
+//   m  BOOL [T, F]      e5 F8_E5M2 [8]    codes 3c bc 7b fb 7c 01 7f 80
+const char* kPythonFp8FixtureHex =
+    "08010000000000007b225f5f6d657461646174615f5f223a7b22666f726d6174223a227074227d2c2268223a7b"
+    "226474797065223a22463136222c227368617065223a5b325d2c22646174615f6f666673657473223a5b302c34"
+    "5d7d2c226534223a7b226474797065223a2246385f45344d33222c227368617065223a5b322c345d2c22646174"
+    "615f6f666673657473223a5b342c31325d7d2c226535223a7b226474797065223a2246385f45354d32222c2273"
+    "68617065223a5b385d2c22646174615f6f666673657473223a5b31322c32305d7d2c226d223a7b226474797065"
+    "223a22424f4f4c222c227368617065223a5b325d2c22646174615f6f666673657473223a5b32302c32325d7d7d"
+    "2020003c00c038b87efe7f0108803cbc7bfb7c017f800100";
+
+std::vector<uint8_t> codes_of(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return std::vector<uint8_t>(p, p + c.numel());
+}
+
+// Property: F8_E4M3 / F8_E5M2 tensors load as float8_e4m3fn / float8_e5m2 with the file's bytes
+// and values (OCP E4M3FN and E5M2: 1, -1, +-max, NaN, the smallest subnormal, the smallest
+// normal, -0, inf), and our writer reproduces the reference writer's file byte for byte
+// (including where F8 sorts among the dtypes: after F16, E4M3 before E5M2, before BOOL).
+TEST_F(Safetensors, Fp8ReadsAndReproducesReferenceFile) {
+  const std::string ref = from_hex(kPythonFp8FixtureHex);
+  write_bytes(path("py8.safetensors"), ref);
+  auto f = load_safetensors(path("py8.safetensors"));
+  const Tensor& e4 = f.at("e4");
+  const Tensor& e5 = f.at("e5");
+  EXPECT_EQ(e4.dtype(), DType::Float8E4M3FN);
+  EXPECT_EQ(e5.dtype(), DType::Float8E5M2);
+  EXPECT_EQ(e4.sizes(), (td::Shape{2, 4}));
+  EXPECT_EQ(codes_of(e4), (std::vector<uint8_t>{0x38, 0xB8, 0x7E, 0xFE, 0x7F, 0x01, 0x08, 0x80}));
+  EXPECT_EQ(codes_of(e5), (std::vector<uint8_t>{0x3C, 0xBC, 0x7B, 0xFB, 0x7C, 0x01, 0x7F, 0x80}));
+  const std::vector<float> v4 = td::to_vector<float>(e4.to(DType::Float32));
+  const std::vector<float> v5 = td::to_vector<float>(e5.to(DType::Float32));
+  const std::vector<float> want4 = {1.f, -1.f, 448.f, -448.f, NAN, 0x1p-9f, 0x1p-6f, -0.f};
+  const std::vector<float> want5 = {1.f, -1.f, 57344.f, -57344.f, INFINITY, 0x1p-16f, NAN, -0.f};
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(std::isnan(v4[i]), std::isnan(want4[i])) << i;
+    if (!std::isnan(want4[i])) {
+      EXPECT_EQ(v4[i], want4[i]) << i;
+    }
+    EXPECT_EQ(std::isnan(v5[i]), std::isnan(want5[i])) << i;
+    if (!std::isnan(want5[i])) {
+      EXPECT_EQ(v5[i], want5[i]) << i;
+    }
+  }
+  EXPECT_TRUE(std::signbit(v4[7]) && std::signbit(v5[7]));
+  save_safetensors(path("ours8.safetensors"), f.tensors, f.metadata);
+  EXPECT_EQ(read_bytes(path("ours8.safetensors")), ref);
+}
+
+// Property: every one of the 256 codes of both FP8 dtypes survives save -> load bit for bit,
+// from contiguous and strided tensors; a hand-assembled file (8-byte length, JSON, bytes) with
+// F8 entries loads with exactly its bytes; a byte count that does not match an F8 shape (1 byte
+// per element) is the usual clear error.
+TEST_F(Safetensors, Fp8RoundTripAndHandWrittenFile) {
+  for (DType dt : {DType::Float8E4M3FN, DType::Float8E5M2}) {
+    Tensor all = Tensor::empty({16, 16}, dt);
+    auto* p = static_cast<uint8_t*>(all.data_ptr());
+    for (int c = 0; c < 256; ++c) p[c] = static_cast<uint8_t>(c);
+    save_safetensors(path("f8.safetensors"), {{"all", all}, {"t", all.t()}});
+    auto f = load_safetensors(path("f8.safetensors"));
+    EXPECT_EQ(f.at("all").dtype(), dt);
+    EXPECT_TRUE(same_bytes(all, f.at("all"))) << td::dtype_name(dt);
+    EXPECT_TRUE(same_bytes(all.t(), f.at("t"))) << td::dtype_name(dt);
+  }
+  // e4m3fn 2.0 = 0.1000.000 = 0x40, -0.5 = 1.0110.000 = 0xB0; e5m2 3.0 = 0.10000.10 = 0x42
+  std::string data = "\x40\xB0";
+  data += '\x42';
+  write_bytes(path("hand.safetensors"),
+              make_file(R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]},)"
+                        R"("b":{"dtype":"F8_E5M2","shape":[1,1],"data_offsets":[2,3]}})",
+                        data));
+  auto f = load_safetensors(path("hand.safetensors"));
+  EXPECT_EQ(f.at("a").dtype(), DType::Float8E4M3FN);
+  EXPECT_EQ(td::to_vector<float>(f.at("a").to(DType::Float32)), (std::vector<float>{2.f, -0.5f}));
+  EXPECT_EQ(f.at("b").dtype(), DType::Float8E5M2);
+  EXPECT_EQ(f.at("b").sizes(), (td::Shape{1, 1}));
+  EXPECT_EQ(f.at("b").item<float>(), 3.f);
+  write_bytes(path("bad8.safetensors"),
+              make_file(R"({"a":{"dtype":"F8_E5M2","shape":[3],"data_offsets":[0,2]}})", "\1\2"));
+  const std::string err = load_error(path("bad8.safetensors"));
+  EXPECT_NE(err.find("tensor 'a': dtype F8_E5M2 and shape [3] need 3 bytes"), std::string::npos)
+      << err;
+}
+
 // Property: each way a file can be short, inconsistent or malformed is a td::Error whose text
 // names the file, the tensor involved (where there is one) and the problem; nothing crashes.
 TEST_F(Safetensors, CorruptFilesAreClearErrors) {
@@ -171,6 +262,8 @@ TEST_F(Safetensors, CorruptFilesAreClearErrors) {
        {"tensor 'x'", "unknown dtype \"F33\""}},
       {make_file(R"({"x":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", data8),
        {"tensor 'x'", "dtype F64 is not supported"}},
+      {make_file(R"({"x":{"dtype":"F8_E8M0","shape":[8],"data_offsets":[0,8]}})", data8),
+       {"tensor 'x'", "dtype F8_E8M0 is not supported", "F8_E4M3, F8_E5M2"}},
       {make_file(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data8),
        {"tensor 'x'", "need 12 bytes but data_offsets [0, 8) hold 8"}},
       {make_file(R"({"x":{"dtype":"F16","shape":[2],"data_offsets":[0,8]}})", data8),

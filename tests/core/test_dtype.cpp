@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "tardelli/tardelli.h"
+#include "test_util.h"
 
 using namespace td;
 
@@ -27,6 +30,39 @@ TEST(DType, Promotion) {
   EXPECT_EQ(promote_types(DType::Bool, DType::Int32), DType::Int32);
   EXPECT_EQ(itemsize(DType::BFloat16), 2u);
   EXPECT_STREQ(dtype_name(DType::Float16), "float16");
+}
+
+// Property (Note [FP8 dtypes]): the float8 dtypes have torch's names, one byte per element, are
+// not "floating" (no arithmetic, no autograd), and promote only with themselves: mixing them
+// with any other dtype is an error naming both.
+TEST(DType, Float8) {
+  EXPECT_STREQ(dtype_name(DType::Float8E4M3FN), "float8_e4m3fn");
+  EXPECT_STREQ(dtype_name(DType::Float8E5M2), "float8_e5m2");
+  EXPECT_EQ(itemsize(DType::Float8E4M3FN), 1u);
+  EXPECT_EQ(itemsize(DType::Float8E5M2), 1u);
+  EXPECT_TRUE(is_float8(DType::Float8E4M3FN) && is_float8(DType::Float8E5M2));
+  EXPECT_FALSE(is_float8(DType::BFloat16) || is_float8(DType::Bool));
+  EXPECT_FALSE(is_floating(DType::Float8E4M3FN) || is_floating(DType::Float8E5M2));
+  EXPECT_EQ(fp8_format_of(DType::Float8E4M3FN), Fp8Format::E4M3FN);
+  EXPECT_EQ(fp8_format_of(DType::Float8E5M2), Fp8Format::E5M2);
+  EXPECT_THROW(fp8_format_of(DType::Float32), Error);
+  EXPECT_EQ(dtype_of<Float8E4M3FN>::value, DType::Float8E4M3FN);
+  EXPECT_EQ(dtype_of<Float8E5M2>::value, DType::Float8E5M2);
+  EXPECT_EQ(promote_types(DType::Float8E5M2, DType::Float8E5M2), DType::Float8E5M2);
+  const DType all[] = {DType::Float32, DType::BFloat16, DType::Float16,      DType::Int32,
+                       DType::Int64,   DType::Bool,     DType::Float8E4M3FN, DType::Float8E5M2};
+  for (DType f8 : {DType::Float8E4M3FN, DType::Float8E5M2}) {
+    for (DType other : all) {
+      if (other == f8) continue;
+      for (auto [a, b] : {std::pair{f8, other}, std::pair{other, f8}}) {
+        const std::string msg = td::test::error_of([&] { promote_types(a, b); });
+        EXPECT_NE(msg.find(std::string("promote_types: promotion between ") + dtype_name(a) +
+                           " and " + dtype_name(b) + " is not supported"),
+                  std::string::npos)
+            << msg;
+      }
+    }
+  }
 }
 
 // Conversions between every pair of dtypes round-trip small integers exactly.

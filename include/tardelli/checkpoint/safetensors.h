@@ -3,7 +3,8 @@
 //
 //   [u64 little-endian N][N bytes of JSON header][data section]
 //   header: {"__metadata__": {str: str} (optional),
-//            "<name>": {"dtype": "F32"|"BF16"|"F16"|"I32"|"I64"|"BOOL", "shape": [..],
+//            "<name>": {"dtype": "F32"|"BF16"|"F16"|"I32"|"I64"|"BOOL"|"F8_E4M3"|"F8_E5M2",
+//                       "shape": [..],
 //                       "data_offsets": [begin, end)}, ...}   (offsets relative to the data)
 //
 // Reading validates the whole file before trusting it (as the reference implementation does):
@@ -15,9 +16,10 @@
 //
 // Writing is deterministic and byte-compatible with the reference writer (safetensors 0.4+):
 // "__metadata__" first (when given), tensors laid out contiguously ordered by dtype (I64, F32,
-// I32, BF16, F16, BOOL: the reference's descending dtype order) then by name, compact JSON
-// header padded with spaces so the data starts at a multiple of 8. The file is written to
-// `path + ".tmp"`, flushed to disk and renamed over `path`, so readers never see a partial file.
+// I32, BF16, F16, F8_E4M3, F8_E5M2, BOOL: the reference's descending dtype order) then by name,
+// compact JSON header padded with spaces so the data starts at a multiple of 8. The file is
+// written to `path + ".tmp"`, flushed to disk and renamed over `path`, so readers never see a
+// partial file.
 #include <map>
 #include <string>
 #include <utility>

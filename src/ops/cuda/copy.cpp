@@ -9,6 +9,32 @@
 
 namespace td::cuda_ops {
 
+namespace {
+
+kernels::CastType cast_type(DType t) {
+  switch (t) {
+    case DType::Float32:
+      return kernels::CastType::F32;
+    case DType::BFloat16:
+      return kernels::CastType::BF16;
+    case DType::Float16:
+      return kernels::CastType::F16;
+    case DType::Int32:
+      return kernels::CastType::I32;
+    case DType::Int64:
+      return kernels::CastType::I64;
+    case DType::Bool:
+      return kernels::CastType::Bool;
+    case DType::Float8E4M3FN:
+      return kernels::CastType::F8E4M3FN;
+    case DType::Float8E5M2:
+      return kernels::CastType::F8E5M2;
+  }
+  TD_ERROR("copy_: invalid dtype");
+}
+
+}  // namespace
+
 void copy_(const Tensor& dst, const Tensor& src) {
   check_same_cuda_device("copy_", dst, {&src});
   if (dst.numel() == 0) return;
@@ -22,7 +48,22 @@ void copy_(const Tensor& dst, const Tensor& src) {
     return;
   }
   kernels::EwArgs args = make_ew_args("copy_", {&dst, &src});
+  if (is_float8(dst.dtype()) || is_float8(src.dtype())) {
+    kernels::ew_cast_fp8(args, cast_type(dst.dtype()), cast_type(src.dtype()),
+                         /*saturate=*/false, stream_of(dst));
+    return;
+  }
   kernels::ew_cast(args, ew_type(dst.dtype()), ew_type(src.dtype()), stream_of(dst));
+}
+
+void copy_to_fp8_(const Tensor& dst, const Tensor& src, bool saturate) {
+  check_same_cuda_device("to_fp8", dst, {&src});
+  TD_CHECK(is_float8(dst.dtype()), "to_fp8: destination ", describe(dst), " is not float8");
+  if (dst.numel() == 0) return;
+  OnDevice on(dst);
+  kernels::EwArgs args = make_ew_args("to_fp8", {&dst, &src});
+  kernels::ew_cast_fp8(args, cast_type(dst.dtype()), cast_type(src.dtype()), saturate,
+                       stream_of(dst));
 }
 
 void fill_(const Tensor& t, double value) {
@@ -30,7 +71,7 @@ void fill_(const Tensor& t, double value) {
   OnDevice on(t);
   // The value converted exactly as the CPU's fill_ converts it, then stored as raw bits.
   uint64_t bits = 0;
-  TD_DISPATCH_ALL(t.dtype(), "fill_", [&]<typename T>() {
+  TD_DISPATCH_ALL_AND_FLOAT8(t.dtype(), "fill_", [&]<typename T>() {
     T v = static_cast<T>(static_cast<acc_t<T>>(value));
     std::memcpy(&bits, &v, sizeof(T));
   });

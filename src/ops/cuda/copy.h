@@ -7,6 +7,8 @@ namespace td::cuda_ops {
 // dst <- src, both on the same CUDA device: any strides, any dtypes (converted as the CPU
 // backend converts), src broadcast to dst's shape (already validated by the caller).
 void copy_(const Tensor& dst, const Tensor& src);
+// dst (float8) <- src converted, saturating or not (td::to_fp8), both on the same CUDA device.
+void copy_to_fp8_(const Tensor& dst, const Tensor& src, bool saturate);
 // Every element of t (any strides) set to value converted to t's dtype.
 void fill_(const Tensor& t, double value);
 

@@ -31,8 +31,12 @@ kernels::EwType ew_type(DType t) {
       return kernels::EwType::I64;
     case DType::Bool:
       return kernels::EwType::Bool;
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2:
+      break;  // Note [FP8 dtypes]: copy_ converts them through kernels::ew_cast_fp8
   }
-  TD_ERROR("elementwise: invalid dtype");
+  TD_ERROR("elementwise: unsupported dtype ", dtype_name(t),
+           " (float8 tensors only convert and move on CUDA: use .to() first)");
 }
 
 kernels::EwArgs make_ew_args(const char* op, std::initializer_list<const Tensor*> operands) {

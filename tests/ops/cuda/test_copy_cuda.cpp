@@ -1,8 +1,8 @@
-// The CUDA copy engine (copy_, fill_, to(dtype), to(device), contiguous, clone, cat/stack/split)
-// against the CPU backend. Copies and casts must agree bitwise: the kernels convert through the
-// same compute types with the same rounding (round-to-nearest-even for bf16/f16, truncation
-// toward zero for float -> int); NaNs only need to stay NaNs (the payload of a NaN rounded to
-// bf16/f16 is not specified).
+// The CUDA copy engine (copy_, fill_, to(dtype), to(device), contiguous, clone, cat/stack/split,
+// float8 conversions) against the CPU backend. Copies and casts must agree bitwise: the kernels
+// convert through the same compute types with the same rounding (round-to-nearest-even for
+// bf16/f16/fp8, truncation toward zero for float -> int); NaNs only need to stay NaNs (the
+// payload of a NaN rounded to bf16/f16 is not specified).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +13,9 @@
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/core/error.h"
 #include "tardelli/tardelli.h"
+#if TD_WITH_CUDA
+#include "common/fp8.cuh"  // the kernels' FP8 conversion code, checked on the host
+#endif
 
 using namespace td;
 using namespace td::test;
@@ -229,4 +232,133 @@ TEST(CopyCuda, HostSnapshotKeepsTheValuesAtSnapshotTime) {
   Tensor c = host_snapshot(x);  // a CPU tensor: a plain clone
   EXPECT_TRUE(same_bytes(c, x));
   EXPECT_NE(c.data_ptr(), x.data_ptr());
+}
+
+// ---- float8 (Note [FP8 dtypes] in core/dtype.h) ----
+
+namespace {
+
+constexpr DType kF8[] = {DType::Float8E4M3FN, DType::Float8E5M2};
+
+std::vector<uint8_t> fp8_codes(const Tensor& t) {
+  const Tensor c = t.to(kCPU).contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return std::vector<uint8_t>(p, p + c.numel());
+}
+
+Tensor all_fp8_codes(DType dt) {
+  Tensor t = Tensor::empty({16, 16}, dt);
+  auto* p = static_cast<uint8_t*>(t.data_ptr());
+  for (int c = 0; c < 256; ++c) p[c] = static_cast<uint8_t>(c);
+  return t;
+}
+
+// Floats around every FP8 rounding boundary (every top-19-bit pattern with low bits that decide
+// rounding), as in tests/core/test_fp8.cpp, as one float32 tensor.
+std::vector<float> fp8_probe_floats() {
+  std::vector<float> xs;
+  for (uint32_t hi = 0; hi < (1u << 19); ++hi) {
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x0FFFu, 0x1000u, 0x1001u, 0x1FFFu}) {
+      const uint32_t u = (hi << 13) | lo;
+      float x;
+      std::memcpy(&x, &u, 4);
+      xs.push_back(x);
+    }
+  }
+  return xs;
+}
+
+}  // namespace
+
+#if TD_WITH_CUDA
+// Property (Note [FP8 kernel conversions]): the kernels' conversion code, compiled for the host,
+// gives the CPU's codes and values for every float around a rounding boundary, both formats and
+// both modes. Needs no GPU: it checks the code the device runs, step for step.
+TEST(CopyCuda, Fp8KernelConversionCodeMatchesCpu) {
+  using kernels::Fp8Kind;
+  const std::vector<float> xs = fp8_probe_floats();
+  for (bool sat : {false, true}) {
+    size_t bad = 0;
+    for (float x : xs) {
+      bad +=
+          kernels::fp8_encode<Fp8Kind::E4M3FN>(x, sat) != fp8_from_float(x, Fp8Format::E4M3FN, sat);
+      bad += kernels::fp8_encode<Fp8Kind::E5M2>(x, sat) != fp8_from_float(x, Fp8Format::E5M2, sat);
+    }
+    EXPECT_EQ(bad, 0u) << "saturate=" << sat;
+  }
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    const float a = kernels::fp8_decode<Fp8Kind::E4M3FN>(code);
+    const float b = kernels::fp8_decode<Fp8Kind::E5M2>(code);
+    EXPECT_EQ(float_bits(a), float_bits(fp8_to_float(code, Fp8Format::E4M3FN))) << c;
+    EXPECT_EQ(float_bits(b), float_bits(fp8_to_float(code, Fp8Format::E5M2))) << c;
+  }
+}
+#endif
+
+// Property: on the GPU, float32 / bfloat16 / float16 tensors (contiguous: the vector kernel;
+// transposed: the strided one) convert to the float8 dtypes with the CPU's codes bit for bit,
+// with and without saturation (to_fp8); float8 tensors convert back to every dtype with the CPU's
+// values; same-dtype copies keep every byte.
+TEST(CopyCuda, Fp8CastsMatchCpuBitwise) {
+  TD_REQUIRE_CUDA();
+  const std::vector<float> probe = fp8_probe_floats();
+  const int64_t n = static_cast<int64_t>(probe.size());
+  const Tensor x32 = from_vector<float>(probe, {2, n / 2});
+  for (DType src : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    const Tensor x = x32.to(src);
+    const Tensor g = x.to(gpu());
+    for (DType dt : kF8) {
+      const std::string what = std::string(dtype_name(src)) + " -> " + dtype_name(dt);
+      EXPECT_EQ(fp8_codes(g.to(dt)), fp8_codes(x.to(dt))) << what;
+      EXPECT_EQ(fp8_codes(g.t().to(dt)), fp8_codes(x.t().to(dt))) << what << " (transposed)";
+      EXPECT_EQ(fp8_codes(to_fp8(g, dt, true)), fp8_codes(to_fp8(x, dt, true))) << what << " sat";
+      EXPECT_EQ(fp8_codes(to_fp8(g.t(), dt, true)), fp8_codes(to_fp8(x.t(), dt, true)))
+          << what << " sat (transposed)";
+    }
+  }
+  for (DType dt : kF8) {
+    const Tensor codes = all_fp8_codes(dt);
+    const Tensor g = codes.to(gpu());
+    EXPECT_EQ(fp8_codes(g), fp8_codes(codes));
+    for (DType to : {DType::Float32, DType::BFloat16, DType::Float16, DType::Int32, DType::Bool,
+                     DType::Float8E4M3FN, DType::Float8E5M2}) {
+      const std::string what = std::string(dtype_name(dt)) + " -> " + dtype_name(to);
+      const Tensor want = codes.to(to), got = g.to(to), got_t = g.t().to(to);
+      if (is_float8(to)) {
+        EXPECT_EQ(fp8_codes(got), fp8_codes(want)) << what;
+        EXPECT_EQ(fp8_codes(got_t), fp8_codes(codes.t().to(to))) << what << " (transposed)";
+      } else if (to == DType::Int32) {  // NaN / inf have no integer value: compare the rest
+        const auto w = to_vector<float>(codes.to(DType::Float32));
+        const auto gi = to_vector<int32_t>(got), wi = to_vector<int32_t>(want);
+        for (int c = 0; c < 256; ++c)
+          if (std::isfinite(w[c])) {
+            EXPECT_EQ(gi[c], wi[c]) << what << " code " << c;
+          }
+      } else {
+        expect_same_values(want, got, 0.0, what);
+        expect_same_values(codes.t().to(to), got_t, 0.0, what + " (transposed)");
+      }
+    }
+    Tensor d = empty({16, 16}, {dt, gpu()});
+    d.t().copy_(g);  // same dtype, strided destination: bytes
+    EXPECT_EQ(fp8_codes(d.t()), fp8_codes(codes));
+    Tensor f = zeros({6, 10}, {dt, gpu()});
+    f.slice(1, 1, 10, 3).fill_(-0.3);
+    Tensor fc = zeros({6, 10}, {dt});
+    fc.slice(1, 1, 10, 3).fill_(-0.3);
+    EXPECT_EQ(fp8_codes(f), fp8_codes(fc));
+  }
+}
+
+// Property: CUDA arithmetic on float8 tensors is refused with a clear error, as on the CPU.
+TEST(CopyCuda, Fp8ArithmeticRefused) {
+  TD_REQUIRE_CUDA();
+  const Tensor a = ones({4}, {DType::Float8E4M3FN, gpu()});
+  try {
+    add(a, a);
+    ADD_FAILURE() << "add on float8 should throw";
+  } catch (const td::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float8_e4m3fn"), std::string::npos) << e.what();
+  }
 }
