@@ -1,10 +1,14 @@
-// FP8 linear layers emulated on the CPU (ops/fp8.h): Note [FP8 emulation], Note [FP8 scaling].
+// FP8 linear layers emulated on the CPU (ops/fp8.h): Note [FP8 emulation], Note [FP8 scaling],
+// Note [Deferred amax].
 //
 // Properties: fake quantization is the elementwise fp8 round trip of x * s, divided by s; the
 // FP8 linear's forward and its three gradients equal the same products computed here from the
-// quantized operands (the same ops, so exactly); the gradient is quantized in E5M2 and the bias
-// gradient is the unquantized sum; delayed scaling uses the history's largest amax, current
-// scaling this tensor's, both by the formula fp8_max / amax / 2^margin. Equalities are exact.
+// quantized operands (the same ops, so exactly); the gradient is quantized in E5M2 (hybrid) or
+// E4M3 (e4m3) and the bias gradient is the unquantized sum; delayed scaling uses the history's
+// largest amax, current scaling this tensor's, both by the formula fp8_max / amax / 2^margin;
+// noted amaxes are committed once; the saturation/flush counts match the format edges; the
+// GPT's FP8 blocks under full recomputation equal no recomputation bitwise. Equalities are
+// exact.
 #include "tardelli/ops/fp8.h"
 
 #include <gtest/gtest.h>
