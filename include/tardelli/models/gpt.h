@@ -173,8 +173,9 @@ class GPT : public nn::Module {
   // FP8 training, emulated (ops/fp8.h, docs/fp8.md): the attention and dense MLP linears of
   // every block run through fp8_linear with delayed scaling (amax history `history`, `margin`;
   // 0: current scaling), gradients in E5M2 (hybrid) or E4M3 (e4m3); MoE experts, the embeddings
-  // and the head stay in the compute dtype. Works under any layout: a tensor-parallel shard's
-  // amaxes are reduced over tp (current scaling inside the layer, delayed at the commit).
+  // and the head stay in the compute dtype. Works under tensor (+ sequence) parallel layouts
+  // and on pipeline stages: a tp shard's amaxes are reduced over tp (current scaling inside
+  // the layer, delayed at the commit); context parallelism is untested (the trainer refuses it).
   // Training forwards note their amaxes (Note [Deferred amax] in ops/fp8.h); the scalings
   // advance when the caller commits them once per step: commit_fp8() on one rank, or
   // parallel::sync_fp8_amaxes over the ranks holding these layers (identical scales everywhere).
@@ -188,8 +189,8 @@ class GPT : public nn::Module {
   // h.{i}.attn.c_proj, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj for each of its layers h.{i}).
   std::vector<std::string> linear_names() const;
   // Each block linear's precision, statistics and FP8 state (Note [Linear precision] in
-  // models/precision_policy.h). Precisions other than fp8/default are refused under ZeRO-3
-  // parameter units (their fp32 weight holds no values between uses).
+  // models/precision_policy.h). fp32 linears and the statistics are refused under ZeRO-3
+  // parameter units (td::Error at the forward: their fp32 weight holds no values between uses).
   BlockLinears& block_linears() { return linears_; }
   const BlockLinears& block_linears() const { return linears_; }
   const RecomputeOptions& recompute() const { return recompute_; }
