@@ -10,7 +10,9 @@
                                 buffers by their GPT names, AdamW moments as "<param>.exp_avg"
                                 and "<param>.exp_avg_sq"; each piece is a box of the global
                                 (one-device) tensor (include/tardelli/checkpoint/sharded_state.h)
-        rng.rankNNNNN.json      rank NNNNN's dropout streams (exact resume at the same layout)
+        rng.rankNNNNN.json      rank NNNNN's dropout streams (exact resume at the same layout),
+                                and per chunk its block linears' names, FP8 scalings and
+                                precision-policy state (train/precision.py; kept at any layout)
         vocab.json, merges.txt  the tokenizer, when the data came with one
 
 Note [Layout-free checkpoints]: a rank saves what it holds as boxes of the global tensors: a
