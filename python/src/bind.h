@@ -83,5 +83,6 @@ void init_data_parallel(py::module_& m, TensorClass& cls);  // after init_distri
 void init_parallel(py::module_& m, TensorClass& cls);       // after init_distributed
 void init_gpt_parallel(py::module_& m, TensorClass& cls);   // after init_parallel, init_models
 void init_pipeline(py::module_& m, TensorClass& cls);
+void init_precision(py::module_& m, TensorClass& cls);  // after init_gpt_parallel
 
 }  // namespace td::python

@@ -169,7 +169,14 @@ void init_models(py::module_& m, TensorClass& /*cls*/) {
              if (!t.defined()) return std::nullopt;
              return t;
            })
-      .def("set_fp8", &GPT::set_fp8, "history"_a = 16, "margin"_a = 0.0)
+      .def(
+          "set_fp8",
+          [](GPT& g, int64_t history, double margin, const std::string& recipe) {
+            g.set_fp8(history, margin, parse_fp8_recipe(recipe));
+          },
+          "history"_a = 16, "margin"_a = 0.0, "recipe"_a = "hybrid")
+      .def("commit_fp8", &GPT::commit_fp8)
+      .def("linear_names", &GPT::linear_names)
       .def_property_readonly("fp8", &GPT::fp8)
       .def("fp8_state",
            [](GPT& g) {

@@ -195,6 +195,7 @@ GPT::GPT(GPTConfig config, GPTStage stage)
   }
   if (!gpt2) std::tie(rope_cos_, rope_sin_) = rope_cache(config_.block_size, hd, config_.rope_base);
   for (auto& [name, p] : named_parameters()) full_shapes_[name] = p.sizes();
+  linears_ = BlockLinears(4 * layers_.size());
 }
 
 std::vector<std::pair<std::string, Tensor*>> GPT::slots() {
@@ -271,9 +272,6 @@ void GPT::set_parallelism(std::shared_ptr<GPTParallelism> p) {
            ") is already installed; build a new model to lay it out again");
   const int tp = p->tp_size();
   TD_CHECK(tp >= 1, "GPT.set_parallelism: tp size ", tp, " must be >= 1");
-  TD_CHECK(fp8_.empty(),
-           "GPT.set_parallelism: FP8 linears (set_fp8) under a parallel layout are "
-           "not supported yet");
   // Note [MoE under tensor parallelism]: the MoE layers are not split over tp. Without sequence
   // parallelism every tp rank holds the whole hidden states after attention, so each runs the
   // router and its experts on the same tokens (replicated parameters with equal gradients, like
@@ -354,31 +352,46 @@ Tensor GPT::maybe_dropout(const Tensor& x, bool sp) {
   return y;
 }
 
-Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                   Fp8LinearState* f8) const {
-  if (parallel_) return parallel_->column_linear(x, cast(w), cast(b), sp);
-  if (f8) return fp8_linear(x, cast(w), cast(b), *f8, is_training() && autograd::grad_enabled());
-  return linear(x, cast(w), cast(b));
+// Note [Linear precision] (models/precision_policy.h). Under tensor parallelism a column
+// layer's weight and output gradient are shards (its input is gathered whole), a row layer's
+// input and weight (its output gradient is whole): their amaxes are the max over tp.
+LinearFn GPT::block_gemm(size_t li, const Tensor& w, const Tensor& b, bool row) const {
+  const Fp8Amax amaxes =
+      is_training() && autograd::grad_enabled() ? Fp8Amax::Observe : Fp8Amax::Ignore;
+  TD_CHECK(!units_ || (linears_.precision(li) != LinearPrecision::FP32 && !linears_.monitor()),
+           "GPT: block linear ", linear_names()[li], " in ", precision_name(linears_.precision(li)),
+           linears_.monitor() ? " with precision statistics" : "",
+           " needs its fp32 weight, which ZeRO-3 parameter units release between uses");
+  Fp8Shards shards;
+  if (parallel_ && parallel_->tp_size() > 1) {
+    auto tp_max = [p = parallel_](double v) { return p->tp_max(v); };
+    shards.weight = tp_max;
+    (row ? shards.input : shards.grad) = tp_max;
+  }
+  return linears_.gemm(li, w, b, amaxes, shards);
+}
+
+Tensor GPT::column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp, size_t li) const {
+  const LinearFn gemm = block_gemm(li, w, b, /*row=*/false);
+  if (parallel_) return parallel_->column_linear(x, cast(w), cast(b), sp, gemm);
+  return gemm ? gemm(x, cast(w), cast(b)) : linear(x, cast(w), cast(b));
 }
 
 Tensor GPT::row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                std::optional<MlpActivation> act, Fp8LinearState* f8) const {
-  if (parallel_) return parallel_->row_linear(x, cast(w), cast(b), sp, act);
-  if (f8) {
-    return fp8_linear(act ? mlp_activation(x, *act) : x, cast(w), cast(b), *f8,
-                      is_training() && autograd::grad_enabled());
-  }
+                std::optional<MlpActivation> act, size_t li) const {
+  const LinearFn gemm = block_gemm(li, w, b, /*row=*/true);
+  if (parallel_) return parallel_->row_linear(x, cast(w), cast(b), sp, act, gemm);
+  if (gemm) return gemm(act ? mlp_activation(x, *act) : x, cast(w), cast(b));
   if (act) return activation_linear(x, *act, cast(w), cast(b));
   return linear(x, cast(w), cast(b));
 }
 
-void GPT::set_fp8(int64_t history, double margin) {
-  TD_CHECK(parallel_ == nullptr, "GPT.set_fp8: FP8 linears under a tensor/context-parallel ",
-           "layout are not supported yet (tp=", parallel_ ? parallel_->tp_size() : 1, ")");
-  TD_CHECK(recompute_.mode != Recompute::Full, "GPT.set_fp8: FP8 with full recomputation is not ",
-           "supported yet (the recomputed forward would record its amaxes again)");
-  fp8_.clear();
-  for (size_t i = 0; i < 4 * layers_.size(); ++i) fp8_.emplace_back(history, margin);
+void GPT::set_fp8(int64_t history, double margin, Fp8Recipe recipe) {
+  linears_.set_fp8(history, margin, recipe);
+}
+
+std::vector<std::string> GPT::linear_names() const {
+  return block_linear_names(stage_.first_layer, static_cast<int64_t>(layers_.size()));
 }
 
 // Note [Fused QKV views]: q, k and v are column ranges of the one c_attn GEMM output
@@ -395,8 +408,8 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   const int64_t H = config_.n_head / tp, Hkv = config_.kv_heads() / tp, hd = config_.head_dim();
   const int64_t unit = 2 + static_cast<int64_t>(layer);
   use_unit(unit);
-  Fp8LinearState* f8 = fp8_.empty() ? nullptr : &fp8_[4 * layer];
-  Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp, f8);
+  const size_t li = 4 * layer;  // this block's linears in block_linears()
+  Tensor qkv = column(norm(x, l.ln_1_w, l.ln_1_b, sp), l.c_attn_w, l.c_attn_b, sp, li);
   const int64_t B = qkv.size(0), T = qkv.size(1);
   // One split, not three narrows: its backward writes the three gradients into one buffer
   // (Note [Split backward]).
@@ -426,9 +439,8 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
   Tensor y = parallel_ && !cache ? parallel_->attention(q, k, v, /*causal=*/true)
                                  : scaled_dot_product_attention(q, k, v, Tensor(), true);
   y = y.permute({0, 2, 1, 3}).reshape({B, T, H * hd});
-  Tensor r = add(
-      x, maybe_dropout(
-             row(y, l.attn_proj_w, l.attn_proj_b, sp, std::nullopt, f8 ? f8 + 1 : nullptr), sp));
+  Tensor r =
+      add(x, maybe_dropout(row(y, l.attn_proj_w, l.attn_proj_b, sp, std::nullopt, li + 1), sp));
 
   // The MLP's activation is recomputed in backward, not kept (Note [Recomputed MLP activation]),
   // except under recompute none, which keeps act(h) for c_proj's weight gradient.
@@ -442,17 +454,15 @@ Tensor GPT::block(const Layer& l, const Tensor& x, int64_t start, KVCache* cache
     return done_units({unit}, add(r, maybe_dropout(m, sp)));
   }
   const bool gpt2 = config_.arch == Arch::GPT2;
-  Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp, f8 ? f8 + 2 : nullptr);
+  Tensor h = column(hn, l.c_fc_w, gpt2 ? l.c_fc_b : Tensor(), sp, li + 2);
   const MlpActivation act = gpt2 ? MlpActivation::GeluTanh : MlpActivation::SwiGLU;
-  Tensor m = fuse_act ? row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act, f8 ? f8 + 3 : nullptr)
-                      : row(mlp_activation(h, act), l.mlp_proj_w, l.mlp_proj_b, sp, std::nullopt,
-                            f8 ? f8 + 3 : nullptr);
+  Tensor m =
+      fuse_act ? row(h, l.mlp_proj_w, l.mlp_proj_b, sp, act, li + 3)
+               : row(mlp_activation(h, act), l.mlp_proj_w, l.mlp_proj_b, sp, std::nullopt, li + 3);
   return done_units({unit}, add(r, maybe_dropout(m, sp)));
 }
 
 void GPT::set_recompute(RecomputeOptions r) {
-  TD_CHECK(fp8_.empty() || r.mode != Recompute::Full,
-           "GPT.set_recompute: full recomputation with FP8 linears is not supported yet");
   TD_CHECK(r.num_layers == -1 || r.mode == Recompute::Full, "GPT.set_recompute: num_layers (",
            r.num_layers,
            ") applies to recompute 'full' only, "
@@ -822,6 +832,11 @@ std::vector<nn::NamedTensors> GPT::param_units() const {
 
 void GPT::set_param_units(std::shared_ptr<ParamUnits> u, int64_t first_unit) {
   TD_CHECK(units_ == nullptr, "GPT.set_param_units: parameter units are already installed");
+  for (LinearPrecision p : linears_.precisions()) {
+    TD_CHECK(p == LinearPrecision::Default || p == LinearPrecision::FP8,
+             "GPT.set_param_units: block linears in ", precision_name(p),
+             " need their fp32 weights, which ZeRO-3 parameter units release between uses");
+  }
   units_ = std::move(u);
   first_unit_ = first_unit;
 }

@@ -57,8 +57,10 @@ double Fp8Scaling::scale_from(double a, double previous) const {
   return static_cast<double>(fp8_max(format_)) / a / std::exp2(margin_);
 }
 
-double Fp8Scaling::scale_for(const Tensor& x) const {
-  return history_ == 0 ? scale_from(amax(x), scale_) : scale_;
+double Fp8Scaling::scale_for(const Tensor& x, const std::function<double(double)>& reduce) const {
+  if (history_ != 0) return scale_;
+  const double a = amax(x);
+  return scale_from(reduce ? reduce(a) : a, scale_);
 }
 
 void Fp8Scaling::set_state(double scale, const std::vector<double>& history) {
@@ -69,6 +71,7 @@ void Fp8Scaling::set_state(double scale, const std::vector<double>& history) {
   scale_ = scale;
   amax_.assign(history.begin(), history.end());
   while (static_cast<int64_t>(amax_.size()) > history_) amax_.pop_front();
+  pending_ = -1.0;
 }
 
 void Fp8Scaling::record(double a) {
@@ -85,17 +88,82 @@ void Fp8Scaling::record(double a) {
   scale_ = scale_from(m, scale_);
 }
 
+// Note [Deferred amax].
+void Fp8Scaling::observe(double a) {
+  pending_ = std::max(pending_, std::isfinite(a) ? a : INFINITY);
+}
+
+void Fp8Scaling::commit() {
+  commit(pending_);
+}
+
+void Fp8Scaling::commit(double a) {
+  if (a < 0) return;  // nothing noted on any rank
+  record(a);
+  pending_ = -1.0;
+}
+
+const char* fp8_recipe_name(Fp8Recipe r) {
+  return r == Fp8Recipe::Hybrid ? "hybrid" : "e4m3";
+}
+
+Fp8Recipe parse_fp8_recipe(const std::string& name) {
+  if (name == "hybrid") return Fp8Recipe::Hybrid;
+  if (name == "e4m3") return Fp8Recipe::E4M3;
+  TD_CHECK(false, "fp8 recipe: expected 'hybrid' or 'e4m3', got '", name, "'");
+  return Fp8Recipe::Hybrid;
+}
+
+Fp8Counts fp8_count(const Tensor& x, Fp8Format format, double scale) {
+  Fp8Counts c;
+  if (!x.defined() || x.numel() == 0) return c;
+  autograd::NoGradGuard ng;
+  const std::vector<float> v = to_vector<float>(x);
+  // |x s| above the largest finite value saturates; at or below half the smallest subnormal it
+  // rounds to zero (ties to even: the tie goes to 0).
+  const double hi = fp8_max(format);
+  const double lo = format == Fp8Format::E4M3FN ? std::ldexp(1.0, -10) : std::ldexp(1.0, -17);
+  c.values = static_cast<int64_t>(v.size());
+  for (float f : v) {
+    const double a = std::fabs(static_cast<double>(f) * scale);
+    if (a > hi) {
+      ++c.overflow;
+    } else if (a > 0 && a <= lo) {
+      ++c.underflow;
+    }
+  }
+  return c;
+}
+
+namespace {
+
+void note(Fp8Scaling& s, Fp8Amax mode, double a) {
+  if (mode == Fp8Amax::Record) s.record(a);
+  if (mode == Fp8Amax::Observe) s.observe(a);
+}
+
+}  // namespace
+
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
-                  bool record) {
+                  Fp8Amax amaxes, const Fp8Shards& shards, Fp8Counts* counts) {
   TD_CHECK(x.defined() && weight.defined(), "fp8_linear: undefined input or weight");
   TD_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "fp8_linear: input ",
            describe(x), " does not match weight ", describe(weight), " [out, in]");
-  const double sx = state.input.scale_for(x), sw = state.weight.scale_for(weight);
+  const double sx = state.input.scale_for(x, shards.input);
+  const double sw = state.weight.scale_for(weight, shards.weight);
   Tensor xq = fp8_fake_quantize(x, Fp8Format::E4M3FN, sx);
   Tensor wq = fp8_fake_quantize(weight, Fp8Format::E4M3FN, sw);
-  if (record) {
-    state.input.record(amax(x));
-    state.weight.record(amax(weight));
+  if (counts) {
+    counts->add(fp8_count(x, Fp8Format::E4M3FN, sx));
+    counts->add(fp8_count(weight, Fp8Format::E4M3FN, sw));
+  }
+  if (amaxes != Fp8Amax::Ignore) {
+    // A recorded amax is the whole tensor's; a noted one is this shard's, reduced with the
+    // others' at the step's commit (Note [Amax reduction]).
+    const bool whole = amaxes == Fp8Amax::Record;
+    const double ax = amax(x), aw = amax(weight);
+    note(state.input, amaxes, whole && shards.input ? shards.input(ax) : ax);
+    note(state.weight, amaxes, whole && shards.weight ? shards.weight(aw) : aw);
   }
   Tensor out;
   {
@@ -107,14 +175,19 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
     const int64_t rows = x.numel() / x.size(-1);
     autograd::record(
         "Fp8LinearBackward", {x, weight, bias}, {&out},
-        [xq, wq, rows, record, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
-         bdt = bias.defined() ? bias.dtype() : DType::Float32,
+        [xq, wq, rows, amaxes, counts, reduce = shards.grad, xs = x.sizes(), xdt = x.dtype(),
+         wdt = weight.dtype(), bdt = bias.defined() ? bias.dtype() : DType::Float32,
          st = &state](const TensorList& g, const auto& need) {
           const int64_t in = wq.size(1), outf = wq.size(0);
-          // The output gradient in E5M2 (the hybrid recipe), its amax recorded for next time.
-          const double sg = st->grad.scale_for(g[0]);
-          Tensor gq = reshape(fp8_fake_quantize(g[0], Fp8Format::E5M2, sg), {rows, outf});
-          if (record) st->grad.record(amax(g[0]));
+          // The output gradient in E5M2 (hybrid) or E4M3 (e4m3), its amax noted for next time.
+          const Fp8Format gf = st->grad.format();
+          const double sg = st->grad.scale_for(g[0], reduce);
+          Tensor gq = reshape(fp8_fake_quantize(g[0], gf, sg), {rows, outf});
+          if (counts) counts->add(fp8_count(g[0], gf, sg));
+          if (amaxes != Fp8Amax::Ignore) {
+            const double ag = amax(g[0]);
+            note(st->grad, amaxes, amaxes == Fp8Amax::Record && reduce ? reduce(ag) : ag);
+          }
           Tensor gx, gw, gb;
           if (need[0]) gx = reshape(mm(gq, wq), xs).to(xdt);
           if (need[1]) gw = mm(transpose(gq, 0, 1), reshape(xq, {rows, in})).to(wdt);
@@ -122,6 +195,25 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
           return TensorList{gx, gw, gb};
         });
   }
+  return out;
+}
+
+Tensor fp8_observe_grad(const Tensor& y, Fp8Scaling& scaling, Fp8Counts* counts,
+                        std::function<double(double)> reduce) {
+  if (!autograd::needs_grad({y})) return y;
+  Tensor out;
+  {
+    autograd::NoGradGuard ng;
+    out = y.detach();  // an alias: the identity
+  }
+  autograd::record("Fp8ObserveGradBackward", {y}, {&out},
+                   [counts, reduce, st = &scaling](const TensorList& g, const auto& /*need*/) {
+                     if (counts) {
+                       counts->add(fp8_count(g[0], st->format(), st->scale_for(g[0], reduce)));
+                     }
+                     st->observe(amax(g[0]));
+                     return TensorList{g[0]};
+                   });
   return out;
 }
 

@@ -37,14 +37,23 @@ int64_t GPTTensorParallel::padded_vocab(int64_t vocab_size) const {
   return padded_vocab_size(vocab_size, tp_->size(), options_.make_vocab_size_divisible_by);
 }
 
-Tensor GPTTensorParallel::column_linear(const Tensor& x, const Tensor& w, const Tensor& b,
-                                        bool sp) {
-  return column_parallel_linear(x, w, b, tp_, /*gather_output=*/false, sp, kSeqDim);
+Tensor GPTTensorParallel::column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                                        const models::LinearFn& gemm) {
+  return column_parallel_linear(x, w, b, tp_, /*gather_output=*/false, sp, kSeqDim, gemm);
 }
 
 Tensor GPTTensorParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                                     std::optional<MlpActivation> act) {
-  return row_parallel_linear(x, w, b, tp_, /*input_is_parallel=*/true, sp, kSeqDim, act);
+                                     std::optional<MlpActivation> act,
+                                     const models::LinearFn& gemm) {
+  return row_parallel_linear(x, w, b, tp_, /*input_is_parallel=*/true, sp, kSeqDim, act, gemm);
+}
+
+double GPTTensorParallel::tp_max(double v) {
+  // An amax is the |value| of a float32 (or narrower) element: exact in float32, and a max is
+  // exact in any order, so every rank gets the same result.
+  Tensor t = full({1}, v, {DType::Float32});
+  tp_->all_reduce(t, dist::ReduceOp::Max);
+  return t.item<double>();
 }
 
 Tensor GPTTensorParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {
@@ -104,15 +113,22 @@ int64_t GPTContextParallel::padded_vocab(int64_t vocab_size) const {
   return tp_ ? tp_->padded_vocab(vocab_size) : vocab_size;
 }
 
-Tensor GPTContextParallel::column_linear(const Tensor& x, const Tensor& w, const Tensor& b,
-                                         bool sp) {
-  return tp_ ? tp_->column_linear(x, w, b, sp) : linear(x, w, b);
+Tensor GPTContextParallel::column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                                         const models::LinearFn& gemm) {
+  if (tp_) return tp_->column_linear(x, w, b, sp, gemm);
+  return gemm ? gemm(x, w, b) : linear(x, w, b);
 }
 
 Tensor GPTContextParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                                      std::optional<MlpActivation> act) {
-  if (tp_) return tp_->row_linear(x, w, b, sp, act);
+                                      std::optional<MlpActivation> act,
+                                      const models::LinearFn& gemm) {
+  if (tp_) return tp_->row_linear(x, w, b, sp, act, gemm);
+  if (gemm) return gemm(act ? mlp_activation(x, *act) : x, w, b);
   return act ? activation_linear(x, *act, w, b) : linear(x, w, b);
+}
+
+double GPTContextParallel::tp_max(double v) {
+  return tp_ ? tp_->tp_max(v) : v;
 }
 
 Tensor GPTContextParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {

@@ -38,7 +38,7 @@ Tensor shard_dim(const Tensor& full, int64_t dim, int rank, int size, const char
 
 Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& b_shard,
                               const CommPtr& tp, bool gather_output, bool sequence_parallel,
-                              int64_t seq_dim) {
+                              int64_t seq_dim, const LocalLinear& gemm) {
   const char* op = "column_parallel_linear";
   ops::check_defined(x, op, "x");
   ops::check_defined(w_shard, op, "w_shard");
@@ -60,13 +60,14 @@ Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tens
   } else {
     input = dist::copy_to_region(x, tp);
   }
-  Tensor y = linear(input, w_shard, b_shard);
+  Tensor y = gemm ? gemm(input, w_shard, b_shard) : linear(input, w_shard, b_shard);
   return gather_output ? dist::gather_from_region(y, tp, -1) : y;
 }
 
 Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& bias,
                            const CommPtr& tp, bool input_is_parallel, bool sequence_parallel,
-                           int64_t seq_dim, std::optional<MlpActivation> act) {
+                           int64_t seq_dim, std::optional<MlpActivation> act,
+                           const LocalLinear& gemm) {
   const char* op = "row_parallel_linear";
   ops::check_defined(x, op, "x");
   ops::check_defined(w_shard, op, "w_shard");
@@ -86,7 +87,12 @@ Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor&
            describe(w_shard), " (last dim must be ", want_in,
            input_is_parallel ? ", this rank's slice)" : ", the full input)");
   Tensor input = input_is_parallel ? x : dist::scatter_to_region(x, tp, -1);
-  Tensor partial = act ? activation_linear(input, *act, w_shard) : linear(input, w_shard);
+  Tensor partial;
+  if (gemm) {
+    partial = gemm(act ? mlp_activation(input, *act) : input, w_shard, Tensor());
+  } else {
+    partial = act ? activation_linear(input, *act, w_shard) : linear(input, w_shard);
+  }
   Tensor y;
   if (sequence_parallel) {
     check_seq_dim(partial, seq_dim, op);

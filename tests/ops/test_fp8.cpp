@@ -1,10 +1,14 @@
-// FP8 linear layers emulated on the CPU (ops/fp8.h): Note [FP8 emulation], Note [FP8 scaling].
+// FP8 linear layers emulated on the CPU (ops/fp8.h): Note [FP8 emulation], Note [FP8 scaling],
+// Note [Deferred amax].
 //
 // Properties: fake quantization is the elementwise fp8 round trip of x * s, divided by s; the
 // FP8 linear's forward and its three gradients equal the same products computed here from the
-// quantized operands (the same ops, so exactly); the gradient is quantized in E5M2 and the bias
-// gradient is the unquantized sum; delayed scaling uses the history's largest amax, current
-// scaling this tensor's, both by the formula fp8_max / amax / 2^margin. Equalities are exact.
+// quantized operands (the same ops, so exactly); the gradient is quantized in E5M2 (hybrid) or
+// E4M3 (e4m3) and the bias gradient is the unquantized sum; delayed scaling uses the history's
+// largest amax, current scaling this tensor's, both by the formula fp8_max / amax / 2^margin;
+// noted amaxes are committed once; the saturation/flush counts match the format edges; the
+// GPT's FP8 blocks under full recomputation equal no recomputation bitwise. Equalities are
+// exact.
 #include "tardelli/ops/fp8.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "tardelli/autograd/engine.h"
+#include "tardelli/models/gpt.h"
 #include "tardelli/tardelli.h"
 #include "test_util.h"
 
@@ -98,20 +103,96 @@ TEST(Fp8Ops, DelayedAndCurrentScaling) {
             std::string::npos);
 }
 
-// Property: GPT::set_fp8 routes the blocks' four linears through fp8_linear: a training step
-// changes the loss against the same model without FP8 (quantization) and fills every linear's
-// amax history; an evaluation forward records nothing; full recomputation is refused.
-TEST(Fp8Ops, GptBlocksUseFp8Linears) {
+// Property: the e4m3 recipe quantizes the output gradient in E4M3 (not E5M2): the input
+// gradient equals the product with the E4M3-quantized gradient exactly.
+TEST(Fp8Ops, E4m3RecipeQuantizesTheGradientInE4m3) {
+  Tensor x = param({4, 16}, 1, 2.0), w = param({8, 16}, 2, 0.3);
+  Fp8LinearState st(/*history=*/0, 0.0, Fp8Recipe::E4M3);
+  EXPECT_EQ(st.grad.format(), Fp8Format::E4M3FN);
+  Tensor y = fp8_linear(x, w, Tensor(), st);
+  Tensor gy = mul(td::test::randn_seeded({4, 8}, 9), 1e-3);
+  y.backward(gy);
+  const double sg = st.grad.scale_from(amax(gy), 1.0);
+  EXPECT_EQ(sg, 448.0 / amax(gy));
+  Tensor wq =
+      fp8_fake_quantize(w.detach(), Fp8Format::E4M3FN, st.weight.scale_from(amax(w.detach()), 1.0));
+  EXPECT_TRUE(same_bytes(x.grad(), mm(fp8_fake_quantize(gy, Fp8Format::E4M3FN, sg), wq)));
+  EXPECT_FALSE(
+      same_bytes(x.grad(), mm(fp8_fake_quantize(gy, Fp8Format::E5M2, 57344.0 / amax(gy)), wq)))
+      << "E5M2 would round differently";
+  EXPECT_EQ(parse_fp8_recipe("e4m3"), Fp8Recipe::E4M3);
+  EXPECT_NE(td::test::error_of([] { parse_fp8_recipe("e5m2"); }).find("'e5m2'"), std::string::npos);
+}
+
+// Property (Note [Deferred amax]): observed amaxes leave the scale alone until commit(), which
+// records their max once; observing the same value twice is the same as once; commit(a)
+// records the given (reduced) value; a non-finite amax is noted as +inf and ignored by the
+// history's max; nothing pending: commit does nothing.
+TEST(Fp8Ops, DeferredAmaxIsCommittedOncePerStep) {
+  Fp8Scaling s(Fp8Format::E4M3FN, /*history=*/4);
+  EXPECT_EQ(s.pending(), -1.0);
+  s.observe(2.0);
+  s.observe(8.0);
+  s.observe(8.0);
+  EXPECT_EQ(s.scale(), 1.0);
+  EXPECT_EQ(s.pending(), 8.0);
+  s.commit();
+  EXPECT_EQ(s.history(), std::deque<double>({8.0}));
+  EXPECT_EQ(s.scale(), 448.0 / 8.0);
+  EXPECT_EQ(s.pending(), -1.0);
+  s.commit();  // nothing pending
+  EXPECT_EQ(s.history().size(), 1u);
+  s.observe(1.0);
+  s.commit(32.0);  // the group's max
+  EXPECT_EQ(s.history(), std::deque<double>({8.0, 32.0}));
+  EXPECT_EQ(s.scale(), 448.0 / 32.0);
+  s.observe(NAN);
+  EXPECT_EQ(s.pending(), INFINITY);
+  s.commit();
+  EXPECT_EQ(s.scale(), 448.0 / 32.0);
+}
+
+// Property: fp8_count counts the values beyond the format's max after scaling (saturated) and
+// the nonzero ones at or below half the smallest subnormal (flushed), for both formats.
+TEST(Fp8Ops, CountsOverflowAndUnderflow) {
+  Tensor x = from_vector<float>({0.0f, 1.0f, -500.0f, 449.0f, std::ldexp(1.0f, -10),
+                                 std::ldexp(1.0f, -9), -std::ldexp(1.0f, -11)},
+                                {7});
+  Fp8Counts c = fp8_count(x, Fp8Format::E4M3FN, 1.0);
+  EXPECT_EQ(c.values, 7);
+  EXPECT_EQ(c.overflow, 2);   // -500, 449
+  EXPECT_EQ(c.underflow, 2);  // 2^-10 (the tie rounds to 0), -2^-11; 2^-9 is representable
+  Fp8Counts e = fp8_count(x, Fp8Format::E5M2, 1.0);
+  EXPECT_EQ(e.overflow, 0);
+  EXPECT_EQ(e.underflow, 0);
+  EXPECT_EQ(fp8_count(x, Fp8Format::E4M3FN, 1e-3).overflow, 0);
+}
+
+namespace {
+
+models::GPTConfig small_gpt() {
   models::GPTConfig c;
   c.vocab_size = 64;
   c.block_size = 16;
   c.n_layer = 2;
   c.n_head = 2;
   c.d_model = 32;
+  return c;
+}
+
+}  // namespace
+
+// Property: GPT::set_fp8 routes the blocks' four linears through fp8_linear: a training step
+// changes the loss against the same model without FP8 (quantization); its amaxes are pending
+// until commit_fp8(), which fills every linear's history once; an evaluation forward notes
+// nothing.
+TEST(Fp8Ops, GptBlocksUseFp8Linears) {
+  const models::GPTConfig c = small_gpt();
   models::GPT plain(c), f8(c);
   f8.set_fp8(/*history=*/4, /*margin=*/0.0);
   EXPECT_TRUE(f8.fp8());
   EXPECT_EQ(f8.fp8_states().size(), 8u);
+  EXPECT_EQ(f8.linear_names()[3], "h.0.mlp.c_proj");
   plain.train();
   f8.train();
   Generator g(3);
@@ -119,6 +200,11 @@ TEST(Fp8Ops, GptBlocksUseFp8Linears) {
   Tensor l0 = plain.forward(x, x), l1 = f8.forward(x, x);
   l1.backward();
   EXPECT_NE(l0.item<float>(), l1.item<float>());
+  for (const auto& st : f8.fp8_states()) {
+    EXPECT_EQ(st.input.history().size(), 0u);
+    EXPECT_GT(st.grad.pending(), 0.0);
+  }
+  f8.commit_fp8();
   for (const auto& st : f8.fp8_states()) {
     EXPECT_EQ(st.input.history().size(), 1u);
     EXPECT_EQ(st.weight.history().size(), 1u);
@@ -129,9 +215,39 @@ TEST(Fp8Ops, GptBlocksUseFp8Linears) {
     autograd::NoGradGuard ng;
     f8.forward(x, x);
   }
-  EXPECT_EQ(f8.fp8_states()[0].input.history().size(), 1u);
-  EXPECT_NE(td::test::error_of([&] {
-              f8.set_recompute({models::Recompute::Full, -1});
-            }).find("full recomputation with FP8"),
-            std::string::npos);
+  EXPECT_EQ(f8.fp8_states()[0].input.pending(), -1.0);
+}
+
+// Property: full recomputation runs each block's forward twice (once without grad, once in
+// backward); the scales cannot change in between (they move at the commit) and the amaxes are
+// noted once, so losses, gradients and the committed scalings equal those without
+// recomputation, bitwise, over three steps of two micro-batches.
+TEST(Fp8Ops, FullRecomputationMatchesBitwise) {
+  const auto run = [](models::Recompute mode) {
+    models::GPT m(small_gpt());
+    m.set_fp8(/*history=*/2, 0.0, Fp8Recipe::E4M3);
+    m.set_recompute({mode, -1});
+    m.train();
+    std::vector<float> out;
+    for (uint64_t step = 0; step < 3; ++step) {
+      for (uint64_t mb = 0; mb < 2; ++mb) {
+        Generator g(10 * step + mb);
+        Tensor x = randint(0, 64, {2, 16}, {DType::Int64, kCPU, false}, &g);
+        Tensor loss = m.forward(x, x);
+        out.push_back(loss.item<float>());
+        mul(loss, 0.5).backward();
+      }
+      m.commit_fp8();
+    }
+    for (const auto& [name, p] : m.named_parameters()) {
+      for (float v : to_vector<float>(p.grad())) out.push_back(v);
+    }
+    for (const auto& st : m.fp8_states()) {
+      for (const Fp8Scaling* s : {&st.input, &st.weight, &st.grad}) {
+        out.push_back(static_cast<float>(s->scale()));
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(run(models::Recompute::Full), run(models::Recompute::Selective));
 }

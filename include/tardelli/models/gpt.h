@@ -47,6 +47,7 @@
 
 #include "tardelli/core/allocator.h"
 #include "tardelli/core/rng.h"
+#include "tardelli/models/block_linears.h"
 #include "tardelli/models/gpt_config.h"
 #include "tardelli/models/gpt_parallelism.h"
 #include "tardelli/models/moe_mlp.h"
@@ -171,14 +172,27 @@ class GPT : public nn::Module {
   void set_recompute(RecomputeOptions r);
   // FP8 training, emulated (ops/fp8.h, docs/fp8.md): the attention and dense MLP linears of
   // every block run through fp8_linear with delayed scaling (amax history `history`, `margin`;
-  // 0: current scaling); MoE experts, the embeddings and the head stay in the compute dtype.
-  // Training forwards record the amaxes. Not with a tensor/context-parallel layout or full
-  // recomputation yet (td::Error).
-  void set_fp8(int64_t history, double margin);
-  bool fp8() const { return !fp8_.empty(); }
+  // 0: current scaling), gradients in E5M2 (hybrid) or E4M3 (e4m3); MoE experts, the embeddings
+  // and the head stay in the compute dtype. Works under tensor (+ sequence) parallel layouts
+  // and on pipeline stages: a tp shard's amaxes are reduced over tp (current scaling inside
+  // the layer, delayed at the commit); context parallelism is untested (the trainer refuses it).
+  // Training forwards note their amaxes (Note [Deferred amax] in ops/fp8.h); the scalings
+  // advance when the caller commits them once per step: commit_fp8() on one rank, or
+  // parallel::sync_fp8_amaxes over the ranks holding these layers (identical scales everywhere).
+  void set_fp8(int64_t history, double margin, Fp8Recipe recipe = Fp8Recipe::Hybrid);
+  bool fp8() const { return linears_.fp8(); }
   // The scaling states, four per block (c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) in block
-  // order, each with input, weight and grad scalings (checkpoints save and restore them).
-  std::vector<Fp8LinearState>& fp8_states() { return fp8_; }
+  // order (linear_names()), each with input, weight and grad scalings (checkpoints save them).
+  std::vector<Fp8LinearState>& fp8_states() { return linears_.fp8_states(); }
+  void commit_fp8() { linears_.commit_fp8(); }
+  // The names of this stage's block linears, in the order of fp8_states() (h.{i}.attn.c_attn,
+  // h.{i}.attn.c_proj, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj for each of its layers h.{i}).
+  std::vector<std::string> linear_names() const;
+  // Each block linear's precision, statistics and FP8 state (Note [Linear precision] in
+  // models/precision_policy.h). fp32 linears and the statistics are refused under ZeRO-3
+  // parameter units (td::Error at the forward: their fp32 weight holds no values between uses).
+  BlockLinears& block_linears() { return linears_; }
+  const BlockLinears& block_linears() const { return linears_; }
   const RecomputeOptions& recompute() const { return recompute_; }
   // Where this rank's tensor `name` (a parameter name) lies in the full one under the
   // installed layout (replicated without one). td::Error for an unknown name.
@@ -238,12 +252,12 @@ class GPT : public nn::Module {
   // Rows [start, start + T) of a position table, or this rank's positions under cp.
   Tensor position_rows(const Tensor& table, int64_t start, int64_t T) const;
   Tensor maybe_dropout(const Tensor& x, bool sp);
-  // The layout-dependent linear layers (plain linear without a layout).
-  // f8: the linear's FP8 state (set_fp8), else null.
-  Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                Fp8LinearState* f8 = nullptr) const;
+  // The layout-dependent linear layers (plain linear without a layout). li: the block linear's
+  // index (linear_names()), whose GEMM block_linears() gives.
+  Tensor column(const Tensor& x, const Tensor& w, const Tensor& b, bool sp, size_t li) const;
   Tensor row(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-             std::optional<MlpActivation> act = std::nullopt, Fp8LinearState* f8 = nullptr) const;
+             std::optional<MlpActivation> act, size_t li) const;
+  LinearFn block_gemm(size_t li, const Tensor& w, const Tensor& b, bool row) const;
   // Every parameter slot with its full name (the tied gpt2 head excluded).
   std::vector<std::pair<std::string, Tensor*>> slots();
   // Makes `value` (a new leaf) the parameter `name` held in `slot` (a layout step's shard).
@@ -261,8 +275,8 @@ class GPT : public nn::Module {
 
   std::shared_ptr<GPTParallelism> parallel_;  // null: one device
   RecomputeOptions recompute_;
-  mutable std::vector<Fp8LinearState> fp8_;  // set_fp8: four per block
-  std::shared_ptr<ParamUnits> units_;        // null: parameters always full
+  mutable BlockLinears linears_;       // four per block: FP8 states, precisions, statistics
+  std::shared_ptr<ParamUnits> units_;  // null: parameters always full
   int64_t first_unit_ = 0;
   std::map<std::string, Shape> full_shapes_;  // every parameter name (tied head included)
   MoEStats moe_stats_;

@@ -24,6 +24,7 @@
 // memory. A replicated parameter that acts on split activations then gets only a partial
 // gradient on each rank; replicated() completes it (an all-reduce in backward).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tardelli/core/rng.h"
@@ -32,6 +33,10 @@
 #include "tardelli/ops/attention.h"
 
 namespace td::models {
+
+// A block linear's GEMM on this rank's operands, y = x w^T + b (Note [Linear precision] in
+// gpt.h); empty: td::linear. The same type as parallel::LocalLinear.
+using LinearFn = std::function<Tensor(const Tensor& x, const Tensor& w, const Tensor& b)>;
 
 class GPTParallelism {
  public:
@@ -45,12 +50,18 @@ class GPTParallelism {
   // The vocabulary the vocab-parallel tables are padded to (a multiple of tp_size()).
   virtual int64_t padded_vocab(int64_t vocab_size) const = 0;
 
-  // x [B, T(/tp under sp), in] -> [B, T, out/tp]: this rank's output columns.
-  virtual Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) = 0;
+  // x [B, T(/tp under sp), in] -> [B, T, out/tp]: this rank's output columns, computed by
+  // `gemm` (empty: linear) on the gathered input.
+  virtual Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                               const LinearFn& gemm) = 0;
   // x [B, T, in/tp] -> [B, T(/tp under sp), out]: summed over tp, + the replicated bias. With
-  // `act` the layer's input is act(x), recomputed in backward (activation_linear).
+  // `act` the layer's input is act(x), recomputed in backward (activation_linear) when `gemm`
+  // is empty; `gemm` computes the partial product (its bias argument undefined).
   virtual Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                            std::optional<MlpActivation> act) = 0;
+                            std::optional<MlpActivation> act, const LinearFn& gemm) = 0;
+  // The max of `v` over the tensor-parallel group (the amax of a tensor split over tp, Note
+  // [Amax reduction] in parallel/precision_sync.h); v itself without tp.
+  virtual double tp_max(double v) = 0;
   // ids [B, T] (replicated) -> [B, T(/tp under sp), d] from the vocab-parallel table w.
   virtual Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) = 0;
   // A replicated tensor consumed by split activations: identity forward, gradient all-reduced

@@ -48,9 +48,11 @@ class GPTTensorParallel : public models::GPTParallelism {
   bool sequence_parallel() const override { return options_.sequence_parallel; }
   int64_t padded_vocab(int64_t vocab_size) const override;
 
-  Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
+  Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                       const models::LinearFn& gemm) override;
   Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                    std::optional<MlpActivation> act) override;
+                    std::optional<MlpActivation> act, const models::LinearFn& gemm) override;
+  double tp_max(double v) override;
   Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) override;
   Tensor replicated(const Tensor& p) override;
   Tensor loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t vocab_size,
@@ -83,9 +85,11 @@ class GPTContextParallel : public models::GPTParallelism {
   bool sequence_parallel() const override { return tp_ && tp_->sequence_parallel(); }
   int64_t padded_vocab(int64_t vocab_size) const override;
 
-  Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp) override;
+  Tensor column_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
+                       const models::LinearFn& gemm) override;
   Tensor row_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool sp,
-                    std::optional<MlpActivation> act) override;
+                    std::optional<MlpActivation> act, const models::LinearFn& gemm) override;
+  double tp_max(double v) override;
   Tensor embedding(const Tensor& ids, const Tensor& w, bool sp) override;
   Tensor replicated(const Tensor& p) override;
   Tensor loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t vocab_size,

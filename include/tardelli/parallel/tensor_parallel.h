@@ -24,6 +24,7 @@
 // (collectives.h). Gradients are the gradients of the logical (unsplit) model: for replicated
 // inputs/parameters, every rank receives the full gradient.
 #include <cstdint>
+#include <functional>
 
 #include "tardelli/core/tensor.h"
 #include "tardelli/distributed/communicator.h"
@@ -33,13 +34,19 @@ namespace td::parallel {
 
 using distributed::CommPtr;
 
+// The GEMM a layer runs on this rank's operands, y = x w^T + b (empty: td::linear). The GPT
+// passes its per-linear precision here (an emulated FP8 GEMM, bf16 or fp32 operands: Note
+// [Linear precision] in models/gpt.h); the collectives around it do not change.
+using LocalLinear = std::function<Tensor(const Tensor& x, const Tensor& w, const Tensor& b)>;
+
 // y[..., out/tp] (or [..., out] with gather_output) = copy_to_region(x) W_shard^T + b_shard.
 // w_shard [out/tp, in]; b_shard [out/tp] or undefined. With sequence_parallel, x is this rank's
 // chunk of dim seq_dim and is all-gathered along it first (backward: reduce-scatter of its
 // gradient). gather_output together with sequence_parallel is an error (as in Megatron).
 Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& b_shard,
                               const CommPtr& tp, bool gather_output = false,
-                              bool sequence_parallel = false, int64_t seq_dim = 0);
+                              bool sequence_parallel = false, int64_t seq_dim = 0,
+                              const LocalLinear& gemm = {});
 
 // y[..., out] = reduce(x_shard W_shard^T) + bias. w_shard [out, in/tp]; bias [out] (full,
 // replicated) or undefined. input_is_parallel: x is already this rank's [..., in/tp] slice (the
@@ -50,11 +57,14 @@ Tensor column_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tens
 // rank adds it to its own rows only, so it enters through copy_to_region and its gradient is
 // all-reduced over tp (the full bias gradient on every rank).
 // With `act`, the layer's input is act(x) of this rank's x (input_is_parallel; an MLP's
-// activation on its column-parallel output), recomputed in backward (activation_linear).
+// activation on its column-parallel output), recomputed in backward (activation_linear); with
+// a `gemm` act(x) is computed first and kept, and gemm(act(x), w_shard, undefined) gives the
+// partial product.
 Tensor row_parallel_linear(const Tensor& x, const Tensor& w_shard, const Tensor& bias,
                            const CommPtr& tp, bool input_is_parallel = true,
                            bool sequence_parallel = false, int64_t seq_dim = 0,
-                           std::optional<MlpActivation> act = std::nullopt);
+                           std::optional<MlpActivation> act = std::nullopt,
+                           const LocalLinear& gemm = {});
 
 // Note [Layout-independent init]: a model initialized from a seed draws the FULL weight and
 // every rank slices its shard, so the same seed gives the same logical model for every tp

@@ -135,11 +135,33 @@ class TrainConfig:
              "else one node); set it to simulate nodes on one machine"))
     fp8: str = field(default="none", metadata=dict(
         help="FP8 linears in the blocks, emulated: none | hybrid (E4M3 forward, E5M2 "
-             "gradients; docs/fp8.md)"))
+             "gradients) | e4m3 (every tensor in E4M3); docs/fp8.md"))
     fp8_amax_history: int = field(default=16, metadata=dict(
         help="--fp8: steps of amax history for delayed scaling (0: current scaling)"))
     fp8_margin: float = field(default=0.0, metadata=dict(
         help="--fp8: scales are fp8_max / amax / 2^margin"))
+    precision_policy: str = field(default="static", metadata=dict(
+        help="per-layer precision of the block linears: static (--fp8 / --precision-map) | "
+             "adaptive (each starts at fp8, or bf16 without --fp8, and is promoted to bf16 / "
+             "fp32 when its statistics cross the --precision-* thresholds; docs/fp8.md)"))
+    precision_map: str = field(default="", metadata=dict(
+        help="JSON or TOML file mapping block linears (h.3.mlp.c_fc or blocks.3.mlp_in) to "
+             "fp8 | bf16 | fp32; under adaptive, each entry is that linear's lowest precision"))
+    precision_fp8_overflow: float = field(default=1e-2, metadata=dict(
+        help="adaptive: promote an fp8 linear when this fraction of its quantized values "
+             "saturates"))
+    precision_fp8_underflow: float = field(default=0.05, metadata=dict(
+        help="adaptive: promote an fp8 linear when this fraction of its quantized values "
+             "flushes to zero"))
+    precision_fp8_error: float = field(default=0.25, metadata=dict(
+        help="adaptive: promote an fp8 linear when its output's relative error vs fp32 exceeds "
+             "this"))
+    precision_bf16_error: float = field(default=0.02, metadata=dict(
+        help="adaptive: promote a bf16 linear to fp32 when its output's relative error vs "
+             "fp32 exceeds this"))
+    precision_stable_steps: int = field(default=100, metadata=dict(
+        help="adaptive: demote a promoted linear after this many steps within half the lower "
+             "precision's thresholds"))
     grad_compression: str = field(default="none", metadata=dict(
         help="compressed data-parallel gradients with error feedback: none | powersgd | topk "
              "| randomk (docs/distributed.md)"))
@@ -201,7 +223,32 @@ _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a"),
             "on_nonfinite": ("raise", "skip"),
             "grad_compression": ("none", "powersgd", "topk", "randomk"),
-            "fp8": ("none", "hybrid")}
+            "fp8": ("none", "hybrid", "e4m3"), "precision_policy": ("static", "adaptive")}
+
+
+def validate_precision(cfg, need):
+    """--fp8 and the per-layer precision flags (docs/fp8.md)."""
+    need(cfg.fp8 == "none" or cfg.cp == 1,
+         f"--fp8 {cfg.fp8} with --cp {cfg.cp}: FP8 linears under context parallelism are not "
+         "supported yet")
+    for k in ("fp8_overflow", "fp8_underflow", "fp8_error", "bf16_error"):
+        v = getattr(cfg, f"precision_{k}")
+        need(math.isfinite(v) and v >= 0,
+             f"--precision-{k.replace('_', '-')} must be >= 0, got {v}")
+    need(cfg.precision_stable_steps >= 1,
+         f"--precision-stable-steps must be >= 1, got {cfg.precision_stable_steps}")
+    if cfg.precision_policy == "adaptive" or cfg.precision_map:
+        flag = "--precision-policy adaptive" if cfg.precision_policy == "adaptive" else \
+            "--precision-map"
+        need(cfg.zero < 3, f"{flag} with --zero 3: bf16/fp32 linears and the statistics "
+             "need the fp32 weights, which ZeRO-3 releases between uses")
+    if cfg.precision_map:
+        from .precision import read_precision_map  # imports the C++ core
+        pmap = read_precision_map(cfg.precision_map, cfg.layers)
+        fp8 = sorted(k for k, v in pmap.items() if v == "fp8")
+        need(not fp8 or cfg.fp8 != "none",
+             f"--precision-map {cfg.precision_map}: entry '{fp8[0] if fp8 else ''}' is fp8 "
+             "but --fp8 is none")
 
 
 def _coerce(name, value, source):
@@ -406,11 +453,7 @@ def validate(cfg, dp_size=1):
          f"{cfg.fp8_amax_history}")
     need(math.isfinite(cfg.fp8_margin) and cfg.fp8_margin >= 0,
          f"--fp8-margin must be >= 0, got {cfg.fp8_margin}")
-    need(cfg.fp8 == "none" or (cfg.tp == 1 and cfg.cp == 1),
-         f"--fp8 {cfg.fp8} with --tp {cfg.tp} / --cp {cfg.cp}: FP8 linears under tensor or "
-         "context parallelism are not supported yet")
-    need(cfg.fp8 == "none" or cfg.recompute != "full",
-         f"--fp8 {cfg.fp8} with --recompute full is not supported yet")
+    validate_precision(cfg, need)
     need(cfg.powersgd_rank >= 1, f"--powersgd-rank must be >= 1, got {cfg.powersgd_rank}")
     need(0 < cfg.topk_ratio <= 1, f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
     need(cfg.compression_start_step >= 0,

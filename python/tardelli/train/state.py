@@ -10,7 +10,9 @@
                                 buffers by their GPT names, AdamW moments as "<param>.exp_avg"
                                 and "<param>.exp_avg_sq"; each piece is a box of the global
                                 (one-device) tensor (include/tardelli/checkpoint/sharded_state.h)
-        rng.rankNNNNN.json      rank NNNNN's dropout streams (exact resume at the same layout)
+        rng.rankNNNNN.json      rank NNNNN's dropout streams (exact resume at the same layout),
+                                and per chunk its block linears' names, FP8 scalings and
+                                precision-policy state (train/precision.py; kept at any layout)
         vocab.json, merges.txt  the tokenizer, when the data came with one
 
 Note [Layout-free checkpoints]: a rank saves what it holds as boxes of the global tensors: a
@@ -39,6 +41,7 @@ from .. import _C
 from ..distributed.expert_parallel import is_expert_parameter
 from ..optim.optimizer import _step_tensor
 from . import config as C
+from . import precision
 
 FORMAT = 2
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -198,11 +201,12 @@ def _rank_pieces(model, opt, cfg, grid, params):
 
 
 def _rng_state(model):
-    """This rank's per-layout state: each chunk's dropout streams and FP8 scalings (amax
-    histories are per rank: they see this rank's activations)."""
+    """This rank's per-layout state: each chunk's dropout streams, and its block linears' FP8
+    scalings and precision-policy state (train/precision.py: identical on every rank holding
+    the same layers, so a resume at another layout keeps them)."""
     return {"chunks": [{"stage": list(ch.stage), "dropout": _gen_state(ch.dropout_generator),
                         "split_rng": _gen_state(ch.split_generator),
-                        "fp8": ch._cpp.fp8_state() if ch._cpp.fp8 else None}
+                        **precision.chunk_state(ch)}
                        for ch in _chunks(model)]}
 
 
@@ -514,11 +518,16 @@ def load(path, model, opt, cfg, world=None, fsdp=None, compressors=()):
             c = saved_rng.get(tuple(ch.stage), {})
             _set_gen(ch.dropout_generator, c.get("dropout"))
             _set_gen(ch.split_generator, c.get("split_rng"))
-            if ch._cpp.fp8 and c.get("fp8"):
-                ch._cpp.load_fp8_state(c["fp8"])  # at another layout the scalings restart
-    elif "rng" in meta:
+            precision.load_chunk_state(ch, [c])
+    else:
+        if "rng" in meta:
+            for ch in _chunks(model):
+                _set_gen(ch.dropout_generator, meta["rng"]["dropout"])
+        # The block linears' state is the same on every rank holding a layer: found by name.
+        saved = precision.saved_chunks_of(reader, meta.get("parallel", {}).get("world", 1),
+                                          _rng_file)
         for ch in _chunks(model):
-            _set_gen(ch.dropout_generator, meta["rng"]["dropout"])
+            precision.load_chunk_state(ch, saved)
     # Error feedback is per rank: restored at the same layout, else it starts at zero (what
     # the residuals carried is then lost, as after a change of dp in any compressed run).
     comm_restored = False

@@ -23,6 +23,7 @@ import tardelli as td
 from .. import _C
 from ..distributed import supervisor
 from . import config as C
+from . import precision
 from . import report
 from . import state as ckpt
 
@@ -439,7 +440,8 @@ def setup_layout(cfg, world=None):
         # (Note [Expert layout] in include/tardelli/distributed/process_grid.h).
         grid = dist.ProcessGrid(world, dist.ParallelDims(tp=cfg.tp, cp=cfg.cp, pp=cfg.pp,
                                                          dp=dp_size, ep=cfg.ep),
-                                ["tp-ep-pp"] if cfg.ep > 1 else [])
+                                (["tp-ep-pp"] if cfg.ep > 1 else []) +
+                                (["tp-cp-dp"] if precision.active(cfg) else []))
     return world, dp_size, grid
 
 
@@ -471,12 +473,13 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
     for ch in chunks:
         # Recomputation is a training-time choice, not part of the model or its checkpoints.
         ch.set_recompute(cfg.recompute, cfg.recompute_layers or None)
-        if cfg.fp8 != "none":
-            ch._cpp.set_fp8(cfg.fp8_amax_history, cfg.fp8_margin)  # docs/fp8.md
         ch.train()
         if cfg.device != "cpu":
             ch.to(cfg.device)
     model = chunks[0]
+    # FP8 scalings and per-layer precision of the block linears (docs/fp8.md).
+    prec = precision.Precision(cfg, chunks, precision.precision_group(grid, cfg),
+                               grid.pp() if cfg.pp > 1 else None)
     # Expert parallelism: the experts' part of the gradient norm is summed over tp-ep-pp
     # (Note [Expert gradients] in python/tardelli/distributed/expert_parallel.py).
     expert_group = grid.group("tp-ep-pp") if cfg.ep > 1 else None
@@ -549,7 +552,7 @@ def build_job(cfg, world, grid, dp_size, vocab_size):
         opt = td.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     return {"mcfg": mcfg, "chunks": chunks, "model": model, "named": named, "groups": groups,
             "mp_group": mp_group, "expert_group": expert_group, "ddp": ddp, "fsdp": fsdp,
-            "opt": opt}
+            "opt": opt, "precision": prec}
 
 
 def train(cfg, world=None, out=print):
@@ -572,6 +575,7 @@ def train(cfg, world=None, out=print):
     mcfg, chunks, model, opt = job["mcfg"], job["chunks"], job["model"], job["opt"]
     named, ddp, fsdp = job["named"], job["ddp"], job["fsdp"]
     mp_group, expert_group = job["mp_group"], job["expert_group"]
+    prec = job["precision"]
     moe = mcfg.num_experts > 0  # cp and sequence parallelism are refused (config.validate_moe)
     dp_group = grid.dp() if grid is not None else None
     pp_group = grid.pp() if cfg.pp > 1 else None
@@ -812,6 +816,8 @@ def train(cfg, world=None, out=print):
                         update_moe_router_bias(ch, dp_group)
             if ddp is None:
                 opt.zero_grad(set_to_none=True)
+            # Note [Amax reduction]: every rank commits the same amaxes and decisions.
+            prec_rec = prec.step()
             if mem_device.type == "cuda":
                 td.cuda.synchronize()  # the step's time includes its queued GPU work
             dt = time.perf_counter() - t0
@@ -846,6 +852,8 @@ def train(cfg, world=None, out=print):
             rec.update(moe_rec)
             if scaler is not None:
                 rec["loss_scale"] = loss_scale
+            if prec_rec is not None:
+                rec["precision"] = prec_rec
             if scaler is not None or cfg.on_nonfinite == "skip":
                 rec["skipped"] = not applied
             if cfg.on_nonfinite == "skip":
@@ -941,6 +949,11 @@ def train(cfg, world=None, out=print):
         summary["moe_bias_replicated"] = _moe_bias_replicated(chunks, dp_group)
     if cfg.on_nonfinite == "skip":
         summary["nonfinite_skips"] = skips
+    if prec.report:
+        codes = prec.codes or []
+        summary["precision"] = {p: codes.count(c) for p, c in
+                                (("fp8", 1), ("bf16", 2), ("fp32", 3))}
+        summary["precision_replicated"] = prec.replicated(world)
     if scaler is not None:
         summary["loss_scale"] = scaler.scale
         summary["skipped_steps"] = scaler.skipped_steps
