@@ -213,9 +213,10 @@ void apply_parallelism(models::GPT& model, const dist::CommPtr& tp, const dist::
 void parallelize(models::GPT& model, const dist::ProcessGrid& grid,
                  const ParallelOptions& options) {
   const dist::ParallelDims& d = grid.dims();
-  TD_CHECK(d.pp == 1, "parallelize: pipeline parallelism (pp=", d.pp,
-           ") is built by the Python runtime (td.distributed.pipeline_parallel): build the stage "
-           "models there and apply tensor/context parallelism with apply_parallelism");
+  const models::GPTStage& stage = model.stage();
+  TD_CHECK(d.pp == 1 || !(stage.pre && stage.post), "parallelize: the grid has pp=", d.pp,
+           " but the model is the whole GPT: build this rank's pipeline chunks with "
+           "build_pipeline_stages (parallel/pipeline_runtime.h) and parallelize each");
   apply_parallelism(model, grid.tp(), grid.cp(), options);
 }
 

@@ -1,11 +1,11 @@
 #pragma once
 // The parallelize step: lays a GPT written without parallelism out over a process grid
 // (torchtitan's parallelize(), Megatron-LM's tensor/sequence parallel GPT). It applies tensor
-// and sequence parallelism over grid.tp(). Pipeline stages are not made here: each stage is a
-// GPT(config, GPTStage) built by the pipeline runtime (python/tardelli/distributed/
-// pipeline_parallel.py), which lays each one out over tp with apply_tensor_parallel; so
-// parallelize() refuses a grid with pp > 1 (or cp > 1). Data parallelism wraps the result
-// afterwards (DistributedDataParallel over grid.dp()).
+// and sequence parallelism over grid.tp() and context parallelism over grid.cp(). Pipeline
+// stages are not made here: with pp > 1 this rank's chunks come from build_pipeline_stages
+// (parallel/pipeline_runtime.h) and parallelize() lays out each chunk like a whole model; so it
+// refuses a whole model on a grid with pp > 1. Data parallelism wraps the result afterwards
+// (DistributedDataParallel over grid.dp()).
 //
 //   auto model = std::make_shared<td::models::GPT>(config);     // full weights from the seed
 //   td::parallel::parallelize(*model, grid, {.sequence_parallel = true});
@@ -126,9 +126,10 @@ void apply_tensor_parallel(models::GPT& model, const distributed::CommPtr& tp,
 void apply_parallelism(models::GPT& model, const distributed::CommPtr& tp,
                        const distributed::CommPtr& cp, const ParallelOptions& options);
 
-// Applies every model-parallel layout the grid asks for: tensor parallelism over grid.tp(),
-// context parallelism over grid.cp(). td::Error naming the degree when the grid asks for a
-// layout not built here (pp: the Python runtime builds the stages; ep > 1).
+// Applies every model-parallel layout the grid asks for to one model or pipeline chunk: tensor
+// parallelism over grid.tp(), context parallelism over grid.cp(). td::Error naming the degree
+// when the grid has pp > 1 and `model` is the whole GPT (build this rank's chunks with
+// build_pipeline_stages and parallelize each; the pipeline itself is PipelineRuntime).
 void parallelize(models::GPT& model, const distributed::ProcessGrid& grid,
                  const ParallelOptions& options);
 
