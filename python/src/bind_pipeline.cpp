@@ -1,11 +1,15 @@
-// tardelli._C.pipeline: pipeline schedules as data (parallel/pipeline_schedule.h). Type
-// conversion only: an action crosses as a (kind, microbatch, chunk) tuple with kind "F", "B",
-// "I" (input-gradient backward) or "W" (weight-gradient backward); a timed action as
-// (kind, microbatch, chunk, start, end); the Chrome trace as JSON text. The Python layer is
-// python/tardelli/distributed/pipeline.py.
+// tardelli._C.pipeline: pipeline schedules as data (parallel/pipeline_schedule.h) and the
+// runtime that executes them (parallel/pipeline_runtime.h). Type conversion only: an action
+// crosses as a (kind, microbatch, chunk) tuple with kind "F", "B", "I" (input-gradient backward)
+// or "W" (weight-gradient backward); a timed action as (kind, microbatch, chunk, start, end); the
+// Chrome trace as JSON text; a micro-batch as an (x, y) pair of tensors (None for one a stage
+// does not read). The Python layers are python/tardelli/distributed/pipeline.py and
+// pipeline_parallel.py.
+#include <optional>
 #include <tuple>
 
 #include "bind.h"
+#include "tardelli/parallel/pipeline_runtime.h"
 #include "tardelli/parallel/pipeline_schedule.h"
 
 namespace td::python {
@@ -42,6 +46,25 @@ std::vector<std::vector<TimedTuple>> timed_lists(
                           t.start, t.end);
     }
   }
+  return out;
+}
+
+std::vector<TimedTuple> timed_list(const std::vector<pp::TimedAction>& tl) {
+  std::vector<TimedTuple> out;
+  out.reserve(tl.size());
+  for (const auto& t : tl) {
+    out.emplace_back(pp::action_kind_code(t.action.kind), t.action.microbatch, t.action.chunk,
+                     t.start, t.end);
+  }
+  return out;
+}
+
+using BatchTuple = std::tuple<std::optional<Tensor>, std::optional<Tensor>>;
+
+std::vector<pp::MicroBatch> micro_batches(const std::vector<BatchTuple>& batches) {
+  std::vector<pp::MicroBatch> out;
+  out.reserve(batches.size());
+  for (const auto& [x, y] : batches) out.push_back({or_undefined(x), or_undefined(y)});
   return out;
 }
 
@@ -133,6 +156,86 @@ void init_pipeline(py::module_& m, TensorClass& /*cls*/) {
       },
       "action"_a, "rank"_a, "stages"_a, "chunks"_a = 1,
       "[(event, microbatch, virtual stage, producing rank)] the action waits for");
+
+  pm.def(
+      "stage_layout",
+      [](int64_t n_layer, int p, int v, const std::optional<std::vector<int64_t>>& layout) {
+        return pp::stage_layout(n_layer, p, v, layout.value_or(std::vector<int64_t>{}));
+      },
+      "n_layer"_a, "pp"_a, "vpp"_a = 1, "layout"_a = py::none());
+  pm.def(
+      "build_pipeline_stages",
+      [](const models::GPTConfig& config, int pp_rank, int p, int v,
+         const std::optional<std::vector<int64_t>>& layout) {
+        const std::vector<int64_t> l = layout.value_or(std::vector<int64_t>{});
+        py::gil_scoped_release unlocked;
+        return pp::build_pipeline_stages(config, pp_rank, p, v, l);
+      },
+      "config"_a, "pp_rank"_a, "pp"_a, "vpp"_a = 1, "layout"_a = py::none());
+
+  py::class_<pp::PipelineRuntime, std::shared_ptr<pp::PipelineRuntime>>(
+      pm, "PipelineRuntime", "Executes this rank's action list of a schedule over its GPT chunks")
+      .def(py::init([](std::vector<std::shared_ptr<models::GPT>> chunks,
+                       const distributed::ProcessGrid& grid, const std::string& kind,
+                       int microbatches, int64_t micro_batch_size, int64_t seq_len) {
+             const pp::ScheduleKind k = pp::parse_schedule_kind(kind);
+             py::gil_scoped_release unlocked;  // collective over the world (gpt2 with pp > 1)
+             return std::make_shared<pp::PipelineRuntime>(std::move(chunks), grid, k, microbatches,
+                                                          micro_batch_size, seq_len);
+           }),
+           "chunks"_a, "grid"_a, "schedule"_a, "microbatches"_a, "micro_batch_size"_a, "seq_len"_a)
+      .def(
+          "step",
+          [](pp::PipelineRuntime& r, const std::vector<BatchTuple>& batches, double loss_scale) {
+            const std::vector<pp::MicroBatch> mbs = micro_batches(batches);
+            py::gil_scoped_release unlocked;
+            return r.step(mbs, loss_scale);
+          },
+          "batches"_a, "loss_scale"_a = 1.0)
+      .def(
+          "forward_only",
+          [](pp::PipelineRuntime& r, const std::vector<BatchTuple>& batches) {
+            const std::vector<pp::MicroBatch> mbs = micro_batches(batches);
+            py::gil_scoped_release unlocked;
+            return r.forward_only(mbs);
+          },
+          "batches"_a)
+      .def_property("sync_tied_grads", &pp::PipelineRuntime::sync_tied_grads,
+                    &pp::PipelineRuntime::set_sync_tied_grads)
+      .def("sync_tied_embedding_shard", &pp::PipelineRuntime::sync_tied_embedding_shard, "ddp"_a,
+           nogil())
+      .def_property_readonly("timeline",
+                             [](const pp::PipelineRuntime& r) { return timed_list(r.timeline()); })
+      .def_property_readonly("last_stats",
+                             [](const pp::PipelineRuntime& r) {
+                               const pp::PipelineStepStats& s = r.last_stats();
+                               py::dict d;
+                               d["step_s"] = s.step_s;
+                               d["busy_s"] = s.busy_s;
+                               d["bubble_fraction"] = s.bubble_fraction;
+                               return d;
+                             })
+      .def("gather_timelines",
+           [](pp::PipelineRuntime& r) {
+             std::vector<std::vector<pp::TimedAction>> tl;
+             {
+               py::gil_scoped_release unlocked;
+               tl = r.gather_timelines();
+             }
+             return timed_lists(tl);
+           })
+      .def_property_readonly("pp", &pp::PipelineRuntime::pp)
+      .def_property_readonly("rank", &pp::PipelineRuntime::rank)
+      .def_property_readonly("vpp", &pp::PipelineRuntime::vpp)
+      .def_property_readonly("microbatches", &pp::PipelineRuntime::microbatches)
+      .def_property_readonly("kind",
+                             [](const pp::PipelineRuntime& r) { return pp::to_string(r.kind()); })
+      .def_property_readonly("schedule", &pp::PipelineRuntime::schedule)
+      .def_property_readonly("pp_group", &pp::PipelineRuntime::pp_group)
+      .def_property_readonly("embedding_group", &pp::PipelineRuntime::embedding_group)
+      .def_property_readonly("activation_shape", &pp::PipelineRuntime::activation_shape)
+      .def_property_readonly("activation_dtype", &pp::PipelineRuntime::activation_dtype)
+      .def_property_readonly("activation_device", &pp::PipelineRuntime::activation_device);
 }
 
 }  // namespace td::python

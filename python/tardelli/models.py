@@ -118,6 +118,18 @@ class GPT(nn.Module):
             raise TypeError(f"GPT: expected a td.models.GPTConfig, got {type(config).__name__}")
         cpp = _C.models.GPT(config) if stage is None else _C.models.GPT(
             config, int(stage[0]), int(stage[1]), bool(stage[2]), bool(stage[3]))
+        self._adopt(cpp)
+
+    @classmethod
+    def _wrap(cls, cpp):
+        """A GPT over an existing C++ model (_C.models.GPT), e.g. a pipeline stage built by
+        _C.pipeline.build_pipeline_stages."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._adopt(cpp)
+        return self
+
+    def _adopt(self, cpp):
         object.__setattr__(self, "_cpp", cpp)
         object.__setattr__(self, "config", GPTConfig(**_config_dict(cpp.config)))
         self._mirror_parameters()
