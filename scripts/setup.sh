@@ -31,7 +31,8 @@ esac
 # .ci/run checks this list in a minimal Debian root (scripts/check_clean_setup.sh).
 packages=(
   ca-certificates cmake ninja-build g++ ccache
-  libdnnl-dev ocl-icd-opencl-dev libomp-dev libgtest-dev nlohmann-json3-dev zlib1g-dev
+  libdnnl-dev ocl-icd-opencl-dev libomp-dev libgtest-dev nlohmann-json3-dev libtomlplusplus-dev
+  zlib1g-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch python3-venv
   openmpi-bin libopenmpi-dev
   python3-matplotlib fortunes

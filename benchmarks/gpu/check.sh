@@ -61,7 +61,8 @@ PREFIXES=()
 if [[ -d .gpu-deps ]] && ls .gpu-deps/*.deb >/dev/null 2>&1; then
   DEPS_ROOT=$ROOT/build/gpu-deps-root
   if [[ ! -f /usr/include/dnnl.hpp || ! -f /usr/include/gtest/gtest.h ||
-    ! -f /usr/include/nlohmann/json.hpp || ! -f /usr/include/zlib.h ]] ||
+    ! -f /usr/include/nlohmann/json.hpp || ! -f /usr/include/toml++/toml.h ||
+    ! -f /usr/include/zlib.h ]] ||
     ! ldconfig -p 2>/dev/null | grep -q libdnnl.so.2; then
     mkdir -p "$DEPS_ROOT"
     for f in .gpu-deps/*.deb; do

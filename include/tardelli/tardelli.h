@@ -56,3 +56,4 @@
 #include "tardelli/parallel/rng_tracker.h"
 #include "tardelli/parallel/tensor_parallel.h"
 #include "tardelli/parallel/vocab_parallel.h"
+#include "tardelli/train/train_config.h"
