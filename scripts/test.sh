@@ -99,6 +99,15 @@ if cmake --install "${build_dir}" --prefix "${prefix}" >/dev/null &&
     failed=$((failed + 1))
     note_failure "examples/train_gpt.cpp check"
   fi
+  # A custom C++ trainer around td::train::Trainer, built from the installed package, trains on
+  # two tensor-parallel ranks exactly as the installed tardelli-train does.
+  if bash tests/examples/check_custom_trainer.sh "${consumer}/custom_trainer" \
+    "${prefix}/bin/tardelli-train" "${root}/.venv/bin/python"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    note_failure "examples/cpp/custom_trainer.cpp check"
+  fi
 else
   echo "test: installed package check FAILED" >&2
   failed=$((failed + 1))

@@ -53,6 +53,8 @@
 #include "tardelli/parallel/context_parallel.h"
 #include "tardelli/parallel/layers.h"
 #include "tardelli/parallel/parallelize.h"
+#include "tardelli/parallel/pipeline_runtime.h"
+#include "tardelli/parallel/pipeline_schedule.h"
 #include "tardelli/parallel/rng_tracker.h"
 #include "tardelli/parallel/tensor_parallel.h"
 #include "tardelli/parallel/vocab_parallel.h"

@@ -1,5 +1,6 @@
-"""Starts N ranks of a Python program: `python -m tardelli.launch --nproc N [options] (-m module |
-script.py) args...`.
+"""Starts N ranks of a program: `python -m tardelli.launch --nproc N [options] (-m module |
+script.py | executable) args...` (an executable that is not a .py file, such as tardelli-train,
+runs as it is; the rest with this interpreter).
 
 Under SLURM (SLURM_JOB_ID set and srun on PATH) the ranks start through `srun -n N`, otherwise
 through `mpirun -np N` (Open MPI or MPICH), with this interpreter (sys.executable) and the
@@ -40,7 +41,9 @@ def build_command(nproc, program, env=None, cpu_count=None, is_root=None, which=
                   flavor=None, python=None, extra_launcher_args=()):
     """The launch command and its environment, without running anything.
 
-    program: the argv after the interpreter (["-m", "pkg.mod", ...] or ["script.py", ...]).
+    program: the argv after the interpreter (["-m", "pkg.mod", ...] or ["script.py", ...]), or
+    a native executable's argv (["/path/tardelli-train", ...]: a file that is executable and
+    does not end in .py), which runs without the interpreter.
     Returns (argv, env). Open MPI gets --bind-to none (ranks share the cores through OpenMP
     threads), --oversubscribe when nproc > cpu_count, and --allow-run-as-root with the
     OMPI_ALLOW_RUN_AS_ROOT* variables when running as root. OMP_NUM_THREADS defaults to
@@ -52,7 +55,10 @@ def build_command(nproc, program, env=None, cpu_count=None, is_root=None, which=
     cpu_count = (os.cpu_count() or 1) if cpu_count is None else cpu_count
     is_root = (os.geteuid() == 0) if is_root is None else is_root
     python = python or sys.executable
-    target = [python] + list(program)
+    program = list(program)
+    native = bool(program) and program[0] != "-m" and not program[0].endswith(".py") and \
+        os.path.isfile(program[0]) and os.access(program[0], os.X_OK)
+    target = program if native else [python] + program
     # Ranks share this node's cores: without a limit every rank's OpenMP pool would take all
     # of them and oversubscribe the machine nproc-fold (torchrun sets 1; we split the cores).
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // nproc)))

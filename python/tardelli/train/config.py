@@ -77,7 +77,7 @@ class TrainConfig:
     seed: int = field(default=1337, metadata=dict(help="initialization, data order, dropout"))
     device: str = field(default="cpu", metadata=dict(
         help="cpu | cuda | cuda:N: where the model trains (batches are prepared on the host "
-             "and copied; several ranks: each on cuda:{local rank % GPUs}, collectives staged "
+             "and copied; several ranks: each on cuda:{local rank %% GPUs}, collectives staged "
              "through host memory)"))
     # ---- data ----
     data: str = field(default="", metadata=dict(help="Megatron dataset prefix (PREFIX.idx/.bin)"))

@@ -1,0 +1,39 @@
+#pragma once
+// The training metrics file: one JSON object per line, one line per optimizer step (the rows
+// python -m tardelli.train writes; python/tardelli/train/report.py reads, plots and checks them).
+#include <cstdio>
+#include <string>
+
+#include "tardelli/core/json.h"
+
+namespace td::train {
+
+class MetricsFile {
+ public:
+  // An empty path writes nothing (ranks other than 0). Creates the parent directory; truncates
+  // an existing file. td::Error naming the path when it cannot be opened.
+  explicit MetricsFile(const std::string& path);
+  ~MetricsFile();
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  // Appends the row and flushes it (a crash loses at most the line being written). Written as
+  // Python's json.dumps does (", " and ": " separators, NaN/Infinity for non-finite numbers).
+  void write(const json::Value& row);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+// `v` as Python's json.dumps writes it: ", " and ": " separators and NaN, Infinity, -Infinity for
+// the non-finite numbers strict JSON lacks (a skipped fp16 step's gradient norm is NaN), so
+// report.py and any json.loads reader take the C++ rows like the Python trainer's.
+std::string python_json(const json::Value& v);
+
+// Writes `text` to `path` atomically (a temporary file in the same directory, then a rename):
+// readers see the old file or the whole new one. td::Error naming the path on failure.
+void write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace td::train

@@ -1,0 +1,147 @@
+#pragma once
+// td::train::Trainer: the training loop of `tardelli-train` and of custom C++ trainers, usable
+// whole (run()) or piece by piece (build, then train_step() / evaluate() in the caller's loop).
+//
+//   auto cfg = td::train::parse_config(args, world ? world->size() : 1);
+//   td::train::Trainer trainer(cfg, world);          // layout, model, DDP/ZeRO, optimizer, data
+//   while (trainer.step() < cfg.steps) {
+//     td::train::StepRecord rec = trainer.train_step();
+//     ...                                           // rec.loss, rec.grad_norm, rec.to_json()
+//   }
+//
+// Note [C++ training loop]: one optimizer step is what python -m tardelli.train does, in the
+// same order with the same numerics, so the two front ends give bitwise the same losses at the
+// same layout (tests/python/test_train_cpp.py): the learning rate of the step on every group;
+// the micro-batches' forward and backward (through the pipeline runtime's schedule under pp,
+// with the DDP reduction held until the step's last micro-batch); the reduction; the gradient
+// norm over the whole model (ZeRO: the sharded optimizer's; tp/pp: parameters split over tp on
+// every tp rank, replicated ones on tp rank 0, summed over tp-pp with sum_over_ranks; one
+// process: torch's clip_grad_norm_ rule with an fp32 coefficient); fp16's dynamic loss scale
+// (a step whose scaled norm is not finite is skipped); the optimizer step; the metrics row (the
+// loss is the mean over every rank in fp32).
+//
+// Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
+// tardelli.train runs them): context and expert parallelism and MoE, ZeRO-3 and optimizer
+// offload, FP8 and per-layer precision, gradient compression and two-level reductions,
+// checkpoints (save/resume), --on-nonfinite skip, supervised restarts and the straggler log.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tardelli/core/json.h"
+#include "tardelli/distributed/communicator.h"
+#include "tardelli/distributed/data_parallel.h"
+#include "tardelli/distributed/distributed_optimizer.h"
+#include "tardelli/distributed/process_grid.h"
+#include "tardelli/models/gpt.h"
+#include "tardelli/optim/adamw.h"
+#include "tardelli/optim/loss_scaler.h"
+#include "tardelli/parallel/pipeline_runtime.h"
+#include "tardelli/train/train_config.h"
+#include "tardelli/train/train_data.h"
+
+namespace td::train {
+
+// One optimizer step's metrics: the row python -m tardelli.train writes to --metrics-file.
+struct StepRecord {
+  int64_t step = 0;      // steps done after this one (1-based)
+  double loss = 0;       // mean training loss over the step's micro-batches and all ranks
+  double lr = 0;         // the learning rate the step used
+  double grad_norm = 0;  // the global gradient norm before clipping (unscaled under fp16)
+  double tokens_per_s = 0;
+  double time = 0;        // wall clock at the end of the step (seconds since the epoch)
+  double mfu = 0;         // model FLOPs / step time / (GEMM peak x ranks)
+  int64_t mem_bytes = 0;  // this rank's allocator peak in the step
+  int64_t peak_mem_bytes_max_rank = 0;
+  std::vector<double> rank_compute_s, rank_wait_s;  // per world rank (Note [Straggler report])
+  std::optional<int64_t> dp_comm_bytes;             // bytes handed to the gradient reduction
+  std::optional<double> loss_scale;                 // fp16
+  std::optional<bool> skipped;                      // fp16: the update was skipped
+  std::optional<double> val_loss;                   // on evaluation steps
+  double step_seconds = 0;  // the step's wall time (not in the row: tokens_per_s says it)
+
+  // The metrics row (keys and order as the Python trainer's).
+  json::Value to_json() const;
+};
+
+// "step      5/100 | loss 4.1234 | lr 6.000e-04 | ..." (report.format_log_line's format).
+std::string format_log_line(const StepRecord& r, int64_t steps);
+
+// The best GEMM rate of this library here for `dtype` on `device` (FLOP/s): MFU's denominator,
+// measured once (n = 1024 on the CPU, 4096 on a GPU; the best of `reps`).
+double gemm_peak_flops(DType dtype, Device device, int64_t n = 0, int reps = 5);
+
+class Trainer {
+ public:
+  // Builds the run: joins `world` (null: one process; a world of one is made only if needed),
+  // lays out the ProcessGrid (tp fastest, then cp, dp, pp), the model chunks (Note [Parallelize
+  // step]), the DDP/ZeRO reduction, the optimizer, the loss scaler and the data. Collective
+  // over the world. td::Error naming the flag for what the C++ loop does not support yet.
+  Trainer(TrainConfig cfg, distributed::CommPtr world = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  const TrainConfig& config() const { return cfg_; }
+  const models::GPTConfig& model_config() const { return mcfg_; }
+  // Null for one plain process.
+  const distributed::CommPtr& world() const { return world_; }
+  const distributed::ProcessGrid* grid() const { return grid_.get(); }
+  int64_t dp_size() const { return dp_size_; }
+  int64_t accumulation_steps() const { return accum_; }
+  int64_t global_batch() const { return global_batch_; }
+  // This rank's model chunks (one without pipelining).
+  const std::vector<std::shared_ptr<models::GPT>>& chunks() const { return chunks_; }
+  parallel::PipelineRuntime* pipeline() const { return pipe_.get(); }
+  distributed::DistributedDataParallel* ddp() const { return ddp_.get(); }
+  // Parameters of the whole logical model (a pipeline counts every stage, gpt2's tied table
+  // once); model FLOPs of one step.
+  int64_t num_parameters() const { return n_params_; }
+  double flops_per_step() const { return flops_per_step_; }
+  double peak_flops() const { return peak_; }
+  bool is_main() const { return world_ == nullptr || world_->rank() == 0; }
+
+  // Optimizer steps done so far.
+  int64_t step() const { return step_; }
+  double lr_at(int64_t step) const;
+  // One optimizer step (the next one) over accumulation_steps() micro-batches per rank;
+  // evaluates when the step is an --eval-interval multiple or the last. td::Error for a
+  // diverged (non-finite) loss or gradient norm, naming the step.
+  StepRecord train_step();
+  // The mean validation loss over --eval-steps micro-batches, averaged over the ranks; nullopt
+  // without a validation split or with --eval-steps 0.
+  std::optional<double> evaluate();
+
+  // The loop: steps until --steps (or --exit-interval), writing --metrics-file rows and the log
+  // lines to `log` (rank 0); returns the summary (the "train_end" object).
+  json::Value run(const std::function<void(const std::string&)>& log);
+
+ private:
+  TrainConfig cfg_;
+  distributed::CommPtr world_;
+  std::unique_ptr<distributed::ProcessGrid> grid_;
+  int64_t dp_size_ = 1, accum_ = 1, global_batch_ = 0;
+  models::GPTConfig mcfg_;
+  std::unique_ptr<TrainData> data_;
+  std::unique_ptr<BatchSource> loader_;
+  std::vector<std::shared_ptr<models::GPT>> chunks_;
+  std::unique_ptr<parallel::PipelineRuntime> pipe_;
+  std::unique_ptr<distributed::DistributedDataParallel> ddp_;
+  std::unique_ptr<distributed::DistributedOptimizer> zero_opt_;
+  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<optim::DynamicLossScaler> scaler_;
+  distributed::CommPtr mp_group_;  // tp, or tp-pp with pipelining; null without model parallelism
+  Device device_ = kCPU;
+  int64_t n_params_ = 0;
+  double flops_per_step_ = 0, peak_ = 0;
+  int64_t step_ = 0;
+  std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
+
+  double grad_norm_clipped(double max_norm);
+  std::vector<Tensor> parameters() const;
+};
+
+}  // namespace td::train

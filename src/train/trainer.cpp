@@ -1,0 +1,772 @@
+#include "tardelli/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <set>
+#include <thread>
+
+#include "tardelli/autograd/engine.h"
+#include "tardelli/autograd/grad_mode.h"
+#include "tardelli/core/allocator.h"
+#include "tardelli/core/cuda_runtime.h"
+#include "tardelli/core/error.h"
+#include "tardelli/distributed/collectives.h"
+#include "tardelli/distributed/host_staged.h"
+#include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/join.h"
+#include "tardelli/ops/matmul.h"
+#include "tardelli/ops/reduction.h"
+#include "tardelli/optim/lr_schedule.h"
+#include "tardelli/parallel/parallelize.h"
+#include "tardelli/train/metrics_file.h"
+
+namespace td::train {
+
+namespace dist = td::distributed;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double perf_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+DType compute_dtype(const std::string& name) {
+  if (name == "bf16") return DType::BFloat16;
+  if (name == "fp16") return DType::Float16;
+  TD_CHECK(name == "fp32", "train: unknown --dtype '", name, "'");
+  return DType::Float32;
+}
+
+// Refuses what the C++ loop does not run yet (see the header), naming the flag.
+void check_supported(const TrainConfig& c) {
+  auto refuse = [](bool bad, const std::string& what) {
+    if (bad) {
+      throw ConfigError(what +
+                        " is not supported by the C++ training loop yet (tardelli-train); "
+                        "python -m tardelli.train runs it");
+    }
+  };
+  refuse(c.cp > 1, "--cp " + std::to_string(c.cp));
+  refuse(c.ep > 1, "--ep " + std::to_string(c.ep));
+  refuse(c.num_experts > 0, "--num-experts " + std::to_string(c.num_experts));
+  refuse(c.zero == 3, "--zero 3");
+  refuse(c.offload_optimizer, "--offload-optimizer");
+  refuse(c.fp8 != "none", "--fp8 " + c.fp8);
+  refuse(c.precision_policy != "static", "--precision-policy " + c.precision_policy);
+  refuse(!c.precision_map.empty(), "--precision-map");
+  refuse(c.grad_compression != "none", "--grad-compression " + c.grad_compression);
+  refuse(c.hierarchical_reduce, "--hierarchical-reduce");
+  refuse(!c.save.empty(), "--save (checkpoints)");
+  refuse(c.resume, "--resume");
+  refuse(c.async_save, "--async-save");
+  refuse(c.on_nonfinite != "raise", "--on-nonfinite " + c.on_nonfinite);
+  refuse(!c.inject_nonfinite_loss.empty(), "--inject-nonfinite-loss");
+  refuse(!c.plan.empty(), "--plan");
+}
+
+// "cuda" becomes cuda:{local rank % visible devices} (python's td.distributed.device_for_rank).
+std::string device_for_rank(const std::string& device) {
+  if (device != "cuda") return device;
+  const int n = cuda_device_count();
+  TD_CHECK(n >= 1, "device_for_rank: no CUDA device is visible");
+  int local = 0;
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') {
+      local = std::atoi(v);
+      break;
+    }
+  }
+  return "cuda:" + std::to_string(local % n);
+}
+
+// Python's _mean_over_ranks: the mean over the world, in fp32 (one process: the value itself).
+double mean_over_ranks(double v, const dist::CommPtr& world) {
+  if (world == nullptr || world->size() == 1) return v;
+  Tensor t = full({1}, v, {DType::Float32});
+  world->all_reduce(t, dist::ReduceOp::Avg);
+  return t.item<double>();
+}
+
+int64_t max_over_ranks(int64_t v, const dist::CommPtr& world) {
+  if (world == nullptr || world->size() == 1) return v;
+  Tensor t = full({1}, static_cast<double>(v), {DType::Int64});
+  world->all_reduce(t, dist::ReduceOp::Max);
+  return t.item<int64_t>();
+}
+
+double blocked_seconds(const std::vector<dist::CommPtr>& comms) {
+  double s = 0;
+  for (const auto& c : comms) s += c->stats().seconds;
+  return s;
+}
+
+int64_t prod(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+int64_t stage_layers(const models::GPT& m) {
+  const models::GPTStage& s = m.stage();
+  return s.num_layers < 0 ? m.config().n_layer - s.first_layer : s.num_layers;
+}
+
+// Model FLOPs of one training step of this chunk on batch x seq tokens (GPT.flops_per_step in
+// python/tardelli/models.py: 6 x tokens x matmul weights + causal attention).
+double chunk_flops(const models::GPT& m, int64_t batch, int64_t seq) {
+  const models::GPTConfig& c = m.config();
+  double n = 0;
+  for (const auto& [name, t] : m.named_parameters()) {
+    const Shape shape = m.full_shape(name);
+    if (shape.size() < 2 || name == "wte.weight" || name == "wpe.weight") continue;
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      n += static_cast<double>(prod(shape) * c.moe_top_k / c.num_experts);
+    } else {
+      n += static_cast<double>(prod(shape));
+    }
+  }
+  if (c.arch == models::Arch::GPT2 && m.stage().post) {
+    n += static_cast<double>(c.vocab_size * c.d_model);
+  }
+  const double tokens = static_cast<double>(batch * seq);
+  return 6 * n * tokens + 6.0 * static_cast<double>(stage_layers(m)) * tokens *
+                              static_cast<double>(seq) * static_cast<double>(c.d_model);
+}
+
+int64_t logical_params(const models::GPT& m) {
+  int64_t n = 0;
+  for (const auto& [name, t] : m.named_parameters()) n += prod(m.full_shape(name));
+  return n;
+}
+
+int tp_size_of(const models::GPT& m) {
+  return m.parallelism() != nullptr ? m.parallelism()->tp_size() : 1;
+}
+
+int tp_rank_of(const models::GPT& m) {
+  return m.parallelism() != nullptr ? m.parallelism()->tp_rank() : 0;
+}
+
+// Whether parameter `name` of `m` counts in the global gradient norm on this rank: split over tp
+// (every tp rank holds a part), or replicated and this is tp rank 0; a pipeline stage's copy of
+// the tied embedding never (model_parallel._counts).
+bool counts_in_norm(const models::GPT& m, const std::string& name, bool tp) {
+  if (name == "wte.weight" && !m.stage().pre) return false;
+  const bool split = m.shard_spec(name).dim >= 0 && tp_size_of(m) > 1;
+  return split || !tp || tp_rank_of(m) == 0;
+}
+
+std::string with_commas(double v) {
+  const long long n = std::llround(v);
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (n < 0 ? "-" : "") + out;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+json::Value StepRecord::to_json() const {
+  json::Value r = json::Object{};
+  r.set("step", step);
+  r.set("loss", loss);
+  r.set("lr", lr);
+  r.set("grad_norm", grad_norm);
+  r.set("tokens_per_s", tokens_per_s);
+  r.set("time", time);
+  r.set("mfu", mfu);
+  r.set("mem_bytes", mem_bytes);
+  r.set("peak_mem_bytes_max_rank", peak_mem_bytes_max_rank);
+  json::Array compute, wait;
+  for (double v : rank_compute_s) compute.emplace_back(v);
+  for (double v : rank_wait_s) wait.emplace_back(v);
+  r.set("rank_compute_s", std::move(compute));
+  r.set("rank_wait_s", std::move(wait));
+  if (dp_comm_bytes) r.set("dp_comm_bytes", *dp_comm_bytes);
+  if (loss_scale) r.set("loss_scale", *loss_scale);
+  if (skipped) r.set("skipped", *skipped);
+  if (val_loss) r.set("val_loss", *val_loss);
+  return r;
+}
+
+std::string format_log_line(const StepRecord& r, int64_t steps) {
+  char head[64];
+  std::snprintf(head, sizeof head, "step %6lld/%lld", static_cast<long long>(r.step),
+                static_cast<long long>(steps));
+  std::string line = std::string(head) + " | loss " + fmt("%.4f", r.loss) + " | lr " +
+                     fmt("%.3e", r.lr) + " | grad norm " + fmt("%.3f", r.grad_norm) + " | " +
+                     with_commas(r.tokens_per_s) + " tok/s | mfu " + fmt("%.1f", 100 * r.mfu) +
+                     "% | mem " + fmt("%.0f", static_cast<double>(r.mem_bytes) / (1 << 20)) +
+                     " MiB";
+  if (r.loss_scale) {
+    line += " | loss scale " + fmt("%g", *r.loss_scale) +
+            (r.skipped.value_or(false) ? " (skipped)" : "");
+  } else if (r.skipped.value_or(false)) {
+    line += " | skipped";
+  }
+  if (r.val_loss) line += " | val loss " + fmt("%.4f", *r.val_loss);
+  return line;
+}
+
+double gemm_peak_flops(DType dtype, Device device, int64_t n, int reps) {
+  const bool gpu = device.is_cuda();
+  if (n <= 0) n = gpu ? 4096 : 1024;
+  Tensor a = randn({n, n}).to(dtype).to(device);
+  Tensor b = randn({n, n}).to(dtype).to(device);
+  auto sync = [&] {
+    if (gpu) cuda_synchronize(device.index);
+  };
+  matmul(a, b);
+  sync();
+  double best = kInf;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = perf_s();
+    matmul(a, b);
+    sync();
+    best = std::min(best, perf_s() - t0);
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
+}
+
+Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
+    : cfg_(std::move(cfg)), world_(std::move(world)) {
+  check_supported(cfg_);
+  const TrainConfig& c = cfg_;
+  // ---- layout (python: trainer.setup_layout) ----
+  if ((c.zero > 0 || c.tp > 1 || c.pp > 1 || c.cp > 1 || c.ep > 1) && world_ == nullptr) {
+    world_ = dist::mpi_world();  // a world of one
+  }
+  const int64_t size = world_ ? world_->size() : 1;
+  const int64_t mp = c.tp * c.pp * c.cp;
+  if (size % mp != 0) {
+    throw ConfigError("--tp " + std::to_string(c.tp) + " x --cp " + std::to_string(c.cp) +
+                      " x --pp " + std::to_string(c.pp) + " does not divide the " +
+                      std::to_string(size) +
+                      " ranks of this job (data-parallel size = ranks / (tp x cp x pp); start "
+                      "the ranks with mpirun -np N or python -m tardelli.launch --nproc N)");
+  }
+  dp_size_ = size / mp;
+  validate(cfg_, dp_size_);
+  std::string device = c.device;
+  if (world_ != nullptr && size > 1 && device != "cpu") {
+    // Note [Ranks on GPUs] (python/tardelli/train/trainer.py): cuda:{local rank % devices},
+    // collectives staged through host memory.
+    device = device_for_rank(device);
+    world_ = dist::host_staged(world_);
+  } else if (world_ != nullptr) {
+    const char* stage = std::getenv("TD_TEST_STAGE_HOST_TENSORS");
+    if (stage != nullptr && std::string(stage) == "1") world_ = dist::host_staged(world_, true);
+  }
+  device_ = Device::parse(device);
+  cfg_.device = device;
+  if (world_ != nullptr) {
+    dist::ParallelDims dims;
+    dims.tp = static_cast<int>(c.tp);
+    dims.cp = static_cast<int>(c.cp);
+    dims.pp = static_cast<int>(c.pp);
+    dims.dp = static_cast<int>(dp_size_);
+    dims.ep = static_cast<int>(c.ep);
+    grid_ = std::make_unique<dist::ProcessGrid>(world_, dims);
+  }
+  accum_ = train::accumulation_steps(c, dp_size_);
+  global_batch_ = c.micro_batch_size * dp_size_ * accum_;
+
+  // ---- data ----
+  DataOptions d;
+  d.prefix = c.data;
+  d.synthetic = c.synthetic_data;
+  d.vocab_size = c.vocab_size;
+  d.seq_len = c.seq_len;
+  d.seed = static_cast<uint64_t>(c.seed);
+  d.split = split_ratios(c);
+  d.micro_batch = c.micro_batch_size;
+  d.dp_rank = grid_ ? grid_->coords().dp : 0;
+  d.dp_size = dp_size_;
+  data_ = std::make_unique<TrainData>(d);
+
+  // ---- model (python: trainer.build_job) ----
+  mcfg_.arch = models::parse_arch(c.arch);
+  mcfg_.vocab_size = data_->vocab_size();
+  mcfg_.block_size = c.seq_len;
+  mcfg_.n_layer = c.layers;
+  mcfg_.n_head = c.heads;
+  mcfg_.n_kv_head = c.kv_heads;
+  mcfg_.d_model = c.d_model;
+  mcfg_.ffn_hidden = c.ffn_hidden;
+  mcfg_.dropout = c.dropout;
+  mcfg_.dtype = compute_dtype(c.dtype);
+  mcfg_.seed = static_cast<uint64_t>(c.seed);
+  // Note [Parallelize step]: every parameter is drawn from the seed, then each rank keeps its
+  // tensor-parallel shards: the same logical model for every layout.
+  if (c.pp > 1) {
+    chunks_ = parallel::build_pipeline_stages(mcfg_, grid_->coords().pp, static_cast<int>(c.pp),
+                                              static_cast<int>(c.vpp), pipeline_layout_counts(c));
+  } else {
+    chunks_ = {std::make_shared<models::GPT>(mcfg_)};
+  }
+  if (c.tp > 1 || c.cp > 1) {
+    parallel::ParallelOptions po;
+    po.sequence_parallel = c.sequence_parallel;
+    po.make_vocab_size_divisible_by = c.make_vocab_size_divisible_by;
+    po.cp_comm = c.cp_comm == "a2a" ? parallel::CPComm::AllToAll : parallel::CPComm::Ring;
+    for (auto& ch : chunks_) parallel::apply_parallelism(*ch, grid_->tp(), grid_->cp(), po);
+  }
+  for (auto& ch : chunks_) {
+    models::RecomputeOptions r;
+    r.mode = models::parse_recompute(c.recompute);
+    r.num_layers = c.recompute_layers > 0 ? c.recompute_layers : -1;
+    ch->set_recompute(r);
+    ch->train();
+    if (!device_.is_cpu()) ch->to(device_);
+  }
+  if (c.tp > 1 || c.pp > 1) mp_group_ = c.pp > 1 ? grid_->tp_pp() : grid_->tp();
+
+  nn::NamedTensors named;
+  std::vector<optim::ParamGroup> groups(2);
+  for (auto& ch : chunks_) {
+    for (auto& [n, p] : ch->named_parameters()) named.emplace_back(n, p);
+    const std::vector<models::ParamGroup> pg = ch->param_groups(c.weight_decay);
+    for (size_t i = 0; i < 2 && i < pg.size(); ++i) {
+      for (const auto& [n, p] : pg[i].params) groups[i].params.push_back(p);
+    }
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    groups[i].weight_decay = i == 0 ? c.weight_decay : 0.0;
+    groups[i].lr = c.lr;
+    groups[i].options = {{"beta1", c.beta1}, {"beta2", c.beta2}, {"eps", c.eps}};
+  }
+  optim::AdamWOptions defaults;
+  defaults.lr = c.lr;
+  defaults.beta1 = c.beta1;
+  defaults.beta2 = c.beta2;
+  defaults.eps = c.eps;
+  if (world_ != nullptr) {
+    // Note [Data parallel step] (python/tardelli/train/trainer.py): gradients live in the DDP's
+    // buckets; reductions start during the step's last backward (ZeRO-2: every micro-batch's).
+    dist::DDPOptions o;
+    o.bucket_bytes = std::max<int64_t>(1, std::llround(c.ddp_bucket_mb * 1e6));
+    o.reduce_scatter = c.zero >= 1;
+    o.shard_grads = c.zero == 2;
+    if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
+    ddp_ = std::make_unique<dist::DistributedDataParallel>(named, grid_->dp(), o);
+  }
+  if (c.zero > 0) {
+    zero_opt_ = std::make_unique<dist::DistributedOptimizer>(*ddp_, groups, defaults);
+    if (mp_group_ != nullptr) {
+      std::vector<bool> counted;
+      const bool tp = c.tp > 1;
+      for (const dist::BucketParam& bp : ddp_->params()) {
+        const models::GPT* owner = nullptr;
+        for (const auto& ch : chunks_) {
+          for (const auto& [n, p] : ch->named_parameters()) {
+            if (n == bp.name) owner = ch.get();
+          }
+        }
+        TD_CHECK(owner != nullptr, "train: no chunk holds parameter ", bp.name);
+        counted.push_back(counts_in_norm(*owner, bp.name, tp));
+      }
+      zero_opt_->set_model_parallel(mp_group_, counted);
+    }
+  } else {
+    adamw_ = std::make_unique<optim::AdamW>(groups, defaults);
+  }
+  if (c.dtype == "fp16") {
+    optim::LossScalerOptions so;
+    so.init_scale = c.initial_loss_scale;
+    so.growth_interval = c.loss_scale_window;
+    scaler_ = std::make_unique<optim::DynamicLossScaler>(so);
+  }
+  if (c.pp > 1) {
+    pipe_ = std::make_unique<parallel::PipelineRuntime>(
+        chunks_, *grid_, parallel::parse_schedule_kind(c.schedule), static_cast<int>(accum_),
+        c.micro_batch_size, c.seq_len / c.cp);
+    pipe_->set_sync_tied_grads(c.zero < 2);
+  }
+  loader_ = data_->train_loader(0);
+
+  // ---- counts ----
+  double flops = 0;
+  for (const auto& ch : chunks_) {
+    n_params_ += logical_params(*ch);
+    flops += chunk_flops(*ch, global_batch_, c.seq_len);
+  }
+  if (c.pp > 1) {
+    n_params_ =
+        static_cast<int64_t>(dist::sum_over_ranks(static_cast<double>(n_params_), grid_->pp()));
+    flops = dist::sum_over_ranks(flops, grid_->pp());
+    if (mcfg_.arch == models::Arch::GPT2) n_params_ -= mcfg_.vocab_size * mcfg_.d_model;
+  }
+  flops_per_step_ = flops;
+  peak_ = gemm_peak_flops(mcfg_.dtype, device_) * static_cast<double>(size);
+  if (grid_ != nullptr) {
+    comms_.push_back(grid_->world());
+    for (const std::string& name : grid_->group_names()) {
+      const dist::CommPtr& g = grid_->group(name);
+      if (std::find(comms_.begin(), comms_.end(), g) == comms_.end()) comms_.push_back(g);
+    }
+  }
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::lr_at(int64_t step) const {
+  optim::LRScheduleConfig s;
+  s.max_lr = cfg_.lr;
+  s.min_lr = cfg_.min_lr_value();
+  s.warmup_steps = cfg_.warmup_steps;
+  s.decay_steps = cfg_.steps;
+  s.style = optim::parse_decay_style(cfg_.lr_decay_style);
+  return optim::lr_at(s, step);
+}
+
+std::vector<Tensor> Trainer::parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& ch : chunks_) {
+    for (const Tensor& p : ch->parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+double Trainer::grad_norm_clipped(double max_norm) {
+  if (zero_opt_ != nullptr) {
+    return std::isfinite(max_norm) ? zero_opt_->clip_grad_norm(max_norm) : zero_opt_->grad_norm();
+  }
+  autograd::NoGradGuard no_grad;
+  if (mp_group_ != nullptr) {
+    // The full model's norm under a model-parallel layout (model_parallel.clip_grad_norm_): each
+    // counted gradient's sum of squares in fp32, added in double, summed over tp-pp.
+    const bool tp = cfg_.tp > 1;
+    double local = 0;
+    for (const auto& ch : chunks_) {
+      for (const auto& [name, p] : ch->named_parameters()) {
+        const Tensor g = p.grad();
+        if (!g.defined() || !counts_in_norm(*ch, name, tp)) continue;
+        local += sum(mul(g, g)).item<double>();
+      }
+    }
+    const double total = mp_group_->size() > 1 ? dist::sum_over_ranks(local, mp_group_) : local;
+    const double norm = std::sqrt(total);
+    if (std::isfinite(norm) && std::isfinite(max_norm)) {
+      const double coef = max_norm / (norm + 1e-6);
+      if (coef < 1.0) {
+        for (const Tensor& p : parameters()) {
+          Tensor g = p.grad();
+          if (g.defined()) mul_(g, coef);
+        }
+      }
+    }
+    return norm;
+  }
+  // One process: torch's clip_grad_norm_ (td.nn.utils): the norm of the per-tensor fp32 norms,
+  // and the coefficient max_norm / (norm + 1e-6) clamped to 1 computed as an fp32 tensor.
+  TensorList grads;
+  for (const Tensor& p : parameters()) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return 0.0;
+  TensorList norms;
+  for (const Tensor& g : grads) norms.push_back(norm(g.detach().to(DType::Float32)));
+  const Tensor total = norm(stack(norms, 0));
+  const double coef = clamp(rdiv(add(total, 1e-6), max_norm), std::nullopt, 1.0).item<double>();
+  for (Tensor& g : grads) mul_(g, coef);
+  return total.item<double>();
+}
+
+StepRecord Trainer::train_step() {
+  const TrainConfig& c = cfg_;
+  const double lr = lr_at(step_);
+  if (zero_opt_ != nullptr) {
+    for (auto& g : zero_opt_->param_groups()) g.lr = lr;
+  } else {
+    for (auto& g : adamw_->param_groups()) g.lr = lr;
+  }
+  reset_peak_memory_stats(device_);
+  const double t0 = perf_s(), blocked0 = blocked_seconds(comms_);
+  const int64_t bytes0 = ddp_ ? ddp_->comm()->stats().bytes : 0;
+  if (ddp_ != nullptr) ddp_->zero_grad();
+  double loss_sum = 0;
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const std::set<int64_t> injected = inject_steps(c);
+  // The factor backward is seeded with (x 1/accum): the loss scale, or inf on a step of
+  // --inject-nonfinite-grad.
+  const double backward_seed = loss_scale * (injected.count(step_ + 1) ? kInf : 1.0);
+  if (pipe_ != nullptr) {
+    std::vector<MicroBatch> batches;
+    for (int64_t m = 0; m < accum_; ++m) {
+      MicroBatch b = loader_->next();
+      if (!device_.is_cpu()) b = {b.input.to(device_), b.target.to(device_)};
+      batches.push_back(std::move(b));
+    }
+    const bool prev = ddp_->is_last_microbatch();
+    ddp_->set_last_microbatch(false);
+    try {
+      loss_sum = pipe_->step(batches, backward_seed) * static_cast<double>(accum_);
+    } catch (...) {
+      ddp_->set_last_microbatch(prev);
+      throw;
+    }
+    ddp_->set_last_microbatch(prev);
+  } else {
+    for (int64_t m = 0; m < accum_; ++m) {
+      MicroBatch b = loader_->next();
+      if (!device_.is_cpu()) b = {b.input.to(device_), b.target.to(device_)};
+      Tensor loss = chunks_[0]->forward(b.input, b.target);
+      const Tensor scaled = accum_ == 1 && backward_seed == 1.0
+                                ? loss
+                                : mul(loss, backward_seed / static_cast<double>(accum_));
+      if (ddp_ != nullptr) ddp_->set_last_microbatch(m == accum_ - 1);
+      autograd::backward({scaled}, {});
+      loss_sum += loss.item<double>();
+    }
+    if (ddp_ != nullptr) ddp_->set_last_microbatch(true);
+  }
+  if (ddp_ != nullptr) {
+    ddp_->finish_grad_sync();
+    if (pipe_ != nullptr && c.zero >= 2) pipe_->sync_tied_embedding_shard(*ddp_);
+  }
+  const double max_norm = c.clip_grad > 0 ? c.clip_grad : kInf;
+  bool applied = true;
+  double grad_norm = 0;
+  if (scaler_ != nullptr) {
+    // Note [fp16 loss scaling] (python/tardelli/train/trainer.py): the norm of the scaled
+    // gradients decides the overflow on every rank alike; one multiply unscales and clips.
+    const double scaled_norm = grad_norm_clipped(kInf);
+    applied = scaler_->update(!std::isfinite(scaled_norm));
+    grad_norm = scaled_norm;
+    if (applied) {
+      const double factor = optim::unscale_clip_factor(scaled_norm, loss_scale, max_norm);
+      grad_norm = scaled_norm / loss_scale;
+      if (zero_opt_ != nullptr) {
+        zero_opt_->scale_grads(factor);
+      } else {
+        autograd::NoGradGuard no_grad;
+        for (const Tensor& p : parameters()) {
+          Tensor g = p.grad();
+          if (g.defined()) mul_(g, factor);
+        }
+      }
+    }
+  } else {
+    grad_norm = grad_norm_clipped(max_norm);
+  }
+  if (scaler_ == nullptr && !std::isfinite(grad_norm)) {
+    TD_ERROR("train: the gradient norm is ", grad_norm, " at step ", step_ + 1,
+             " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
+  }
+  if (applied) {
+    if (zero_opt_ != nullptr) {
+      zero_opt_->step();
+    } else {
+      adamw_->step();
+    }
+  }
+  if (ddp_ == nullptr) adamw_->zero_grad(true);
+  if (device_.is_cuda()) cuda_synchronize(device_.index);
+  const double dt = perf_s() - t0;
+  const double wait = blocked_seconds(comms_) - blocked0;
+  ++step_;
+
+  StepRecord rec;
+  rec.step = step_;
+  rec.step_seconds = dt;
+  // The compute/wait split of every world rank (Note [Straggler report] in trainer.py).
+  const double compute = std::max(dt - wait, 0.0);
+  if (world_ == nullptr || world_->size() == 1) {
+    rec.rank_compute_s = {compute};
+    rec.rank_wait_s = {wait};
+  } else {
+    const int n = world_->size();
+    Tensor out = zeros({2 * n}, {DType::Float32});
+    const Tensor mine =
+        from_vector<float>({static_cast<float>(compute), static_cast<float>(wait)}, {2});
+    world_->all_gather(out, mine);
+    const std::vector<float> flat = to_vector<float>(out);
+    for (int r = 0; r < n; ++r) {
+      rec.rank_compute_s.push_back(flat[2 * r]);
+      rec.rank_wait_s.push_back(flat[2 * r + 1]);
+    }
+  }
+  rec.loss = mean_over_ranks(loss_sum / static_cast<double>(accum_), world_);
+  rec.lr = lr;
+  rec.grad_norm = grad_norm;
+  rec.tokens_per_s = static_cast<double>(global_batch_ * c.seq_len) / dt;
+  rec.time = now_s();
+  rec.mfu = flops_per_step_ / dt / peak_;
+  rec.mem_bytes = memory_stats(device_).peak_bytes;
+  rec.peak_mem_bytes_max_rank = max_over_ranks(rec.mem_bytes, world_);
+  if (ddp_ != nullptr) rec.dp_comm_bytes = ddp_->comm()->stats().bytes - bytes0;
+  if (scaler_ != nullptr) {
+    rec.loss_scale = loss_scale;
+    rec.skipped = !applied;
+  }
+  if (!std::isfinite(rec.loss)) {
+    TD_ERROR("train: the loss is ", rec.loss, " at step ", step_,
+             " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
+  }
+  if (c.eval_interval > 0 && (step_ % c.eval_interval == 0 || step_ == c.steps)) {
+    rec.val_loss = evaluate();
+  }
+  return rec;
+}
+
+std::optional<double> Trainer::evaluate() {
+  std::unique_ptr<BatchSource> loader = data_->valid_loader();
+  if (loader == nullptr || cfg_.eval_steps == 0) return std::nullopt;
+  auto next = [&] {
+    MicroBatch b = loader->next();
+    if (!device_.is_cpu()) b = {b.input.to(device_), b.target.to(device_)};
+    return b;
+  };
+  for (auto& ch : chunks_) ch->eval();
+  double loss = 0;
+  try {
+    if (pipe_ != nullptr) {
+      std::vector<MicroBatch> batches;
+      for (int64_t i = 0; i < cfg_.eval_steps; ++i) batches.push_back(next());
+      loss = pipe_->forward_only(batches);
+    } else {
+      autograd::NoGradGuard no_grad;
+      double total = 0;
+      for (int64_t i = 0; i < cfg_.eval_steps; ++i) {
+        MicroBatch b = next();
+        total += chunks_[0]->forward(b.input, b.target).item<double>();
+      }
+      loss = total / static_cast<double>(cfg_.eval_steps);
+    }
+  } catch (...) {
+    for (auto& ch : chunks_) ch->train();
+    throw;
+  }
+  for (auto& ch : chunks_) ch->train();
+  return mean_over_ranks(loss, world_);
+}
+
+json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
+  const TrainConfig& c = cfg_;
+  auto say = [&](const std::string& s) {
+    if (is_main() && log) log(s);
+  };
+  {
+    std::string layout = std::to_string(accum_) + " micro-batches of " +
+                         std::to_string(c.micro_batch_size) + " x dp " + std::to_string(dp_size_);
+    if (c.zero) layout += ", ZeRO-" + std::to_string(c.zero);
+    if (c.tp > 1) layout += ", tp " + std::to_string(c.tp);
+    if (c.sequence_parallel) layout += " + sequence parallel";
+    if (c.pp > 1) {
+      layout += ", pp " + std::to_string(c.pp) + " (" + c.schedule + ", vpp " +
+                std::to_string(c.vpp) + ")";
+    }
+    say("train: " + c.arch + " " + std::to_string(c.layers) + " layers, d_model " +
+        std::to_string(c.d_model) + ", " + std::to_string(c.heads) + " heads, vocab " +
+        std::to_string(data_->vocab_size()) + ", " +
+        fmt("%.2f", static_cast<double>(n_params_) / 1e6) + "M parameters, " + c.dtype +
+        "; global batch " + std::to_string(global_batch_) + " x " + std::to_string(c.seq_len) +
+        " tokens (" + layout + "); GEMM peak " + fmt("%.0f", peak_ / 1e9) + " GFLOP/s");
+  }
+  MetricsFile metrics(is_main() ? c.metrics_file : "");
+  std::optional<StepRecord> last;
+  std::optional<double> val_loss;
+  double t_train = 0;
+  int64_t peak_rank = 0, peak_max_rank = 0;
+  const int64_t start_step = step_;
+  while (step_ < c.steps) {
+    StepRecord rec = train_step();
+    t_train += rec.step_seconds;
+    peak_rank = std::max(peak_rank, rec.mem_bytes);
+    peak_max_rank = std::max(peak_max_rank, rec.peak_mem_bytes_max_rank);
+    if (rec.val_loss) val_loss = rec.val_loss;
+    metrics.write(rec.to_json());
+    if (step_ % c.log_interval == 0 || step_ == c.steps || rec.val_loss) {
+      say(format_log_line(rec, c.steps));
+    }
+    last = rec;
+    if (c.exit_interval > 0 && step_ % c.exit_interval == 0) break;
+  }
+  json::Value s = json::Object{};
+  s.set("event", "train_end");
+  s.set("step", step_);
+  s.set("params", n_params_);
+  s.set("dp", dp_size_);
+  s.set("tp", c.tp);
+  s.set("pp", c.pp);
+  s.set("cp", c.cp);
+  s.set("ep", c.ep);
+  int64_t local = 0;
+  for (const auto& ch : chunks_) local += ch->num_parameters();
+  s.set("local_params", local);
+  s.set("device", cfg_.device);
+  s.set("comm_backend", world_ ? json::Value(world_->backend()) : json::Value());
+  s.set("tokens_per_s", static_cast<double>((step_ - start_step) * global_batch_ * c.seq_len) /
+                            std::max(t_train, 1e-9));
+  if (last) {
+    s.set("loss", last->loss);
+    s.set("mfu", flops_per_step_ * static_cast<double>(step_ - start_step) /
+                     std::max(t_train, 1e-9) / peak_);
+    s.set("peak_mem_bytes", peak_rank);
+    s.set("peak_mem_bytes_max_rank", peak_max_rank);
+    s.set("mem_current_bytes", memory_stats(device_).current_bytes);
+    if (c.zero) {
+      s.set("zero", c.zero);
+      s.set("optimizer_state_bytes", zero_opt_->optimizer_state_bytes());
+      s.set("host_state_bytes", zero_opt_->host_state_bytes());
+      s.set("grad_buffer_bytes", ddp_->grad_buffer_bytes());
+    }
+  }
+  if (scaler_ != nullptr) {
+    s.set("loss_scale", scaler_->scale());
+    s.set("skipped_steps", scaler_->state().skipped_steps);
+  }
+  if (val_loss) s.set("val_loss", *val_loss);
+  if (pipe_ != nullptr && last) {
+    const auto timelines = pipe_->gather_timelines();
+    double t_first = kInf, t_last = -kInf, busy = 0;
+    for (const auto& rank : timelines) {
+      for (const auto& a : rank) {
+        t_first = std::min(t_first, a.start);
+        t_last = std::max(t_last, a.end);
+        busy += a.end - a.start;
+      }
+    }
+    const double span = t_last - t_first;
+    s.set("schedule", c.schedule);
+    s.set("microbatches", accum_);
+    s.set("bubble_fraction",
+          span > 0 ? 1.0 - busy / (static_cast<double>(timelines.size()) * span) : 0.0);
+    s.set("bubble_formula", parallel::bubble_formula(
+                                parallel::parse_schedule_kind(c.schedule), static_cast<int>(c.pp),
+                                static_cast<int>(accum_), static_cast<int>(c.vpp)));
+    Tensor peaks = zeros({c.pp}, {DType::Int64});
+    grid_->pp()->all_gather(peaks, full({1}, static_cast<double>(last->mem_bytes), {DType::Int64}));
+    json::Array arr;
+    for (int64_t v : to_vector<int64_t>(peaks)) arr.emplace_back(v);
+    s.set("stage_peak_mem_bytes", std::move(arr));
+    if (is_main() && !c.trace.empty()) {
+      write_text_file(c.trace, json::dump(parallel::chrome_trace(timelines)));
+      s.set("trace", c.trace);
+    }
+  }
+  return s;
+}
+
+}  // namespace td::train

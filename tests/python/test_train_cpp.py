@@ -1,0 +1,148 @@
+"""tardelli-train (the C++ training loop, include/tardelli/train/trainer.h) against python -m
+tardelli.train: the same flags give the same run. Note [C++ training loop] states why the two
+must agree bitwise at the same layout: the same ops in the same order on the same data, so any
+difference in a loss or gradient norm is a bug in one of them, not rounding."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cli_runner import ENV, ROOT, make_corpus, metrics
+from cli_runner import run as run_python
+
+
+def _binary():
+    """The built tardelli-train: $TD_BUILD_DIR's (scripts/test.sh sets it), else the newest of
+    the usual build folders."""
+    dirs = [os.environ["TD_BUILD_DIR"]] if os.environ.get("TD_BUILD_DIR") else \
+        ["build/ci", "build/cpu", "build/cuda"]
+    found = [ROOT / d / "tardelli-train" for d in dirs if (ROOT / d / "tardelli-train").is_file()]
+    assert found, f"tardelli-train is not built in any of {dirs} (run scripts/setup.sh)"
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+BIN = _binary()
+MODEL = ["--synthetic-data", "--vocab-size", "96", "--layers", "4", "--d-model", "32",
+         "--heads", "4", "--seq-len", "16", "--micro-batch-size", "2", "--steps", "4",
+         "--lr", "3e-3", "--warmup-steps", "1", "--eval-interval", "2", "--eval-steps", "2",
+         "--no-progress", "--dropout", "0.1"]
+
+
+def run_cpp(nproc, *args, check=True, timeout=120):
+    """`tardelli-train args` on nproc ranks through the launcher (one plain process for 1)."""
+    prefix = [sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc), "--timeout", "60",
+              "--max-time", str(timeout - 20)] if nproc > 1 else []
+    p = subprocess.run(prefix + [str(BIN), *map(str, args)], env=ENV, cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def _summary(stdout):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _history(path):
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"))
+            for r in metrics(path)]
+
+
+LAYOUTS = [
+    (1, []),
+    (1, ["--dtype", "bf16", "--global-batch-size", "4"]),
+    (2, []),
+    (2, ["--zero", "1", "--global-batch-size", "8"]),
+    (2, ["--zero", "2", "--clip-grad", "0.05"]),
+    (2, ["--tp", "2", "--sequence-parallel"]),
+    (2, ["--pp", "2", "--global-batch-size", "8"]),
+    (2, ["--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--global-batch-size", "8"]),
+    (2, ["--pp", "2", "--schedule", "zb", "--global-batch-size", "6", "--recompute", "full"]),
+    (2, ["--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
+    (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
+]
+
+
+@pytest.mark.parametrize("nproc,extra", LAYOUTS,
+                         ids=[f"{n}-{'_'.join(e) or 'plain'}" for n, e in LAYOUTS])
+def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
+    """Per-step loss, gradient norm, learning rate and validation loss are bitwise equal, and
+    both front ends describe the run alike (the summary's layout and parameter count)."""
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    py = run_python(nproc, "tardelli.train", *MODEL, *extra, "--metrics-file", py_m)
+    cpp = run_cpp(nproc, *MODEL, *extra, "--metrics-file", cpp_m)
+    assert _history(cpp_m) == _history(py_m)
+    a, b = _summary(py.stdout), _summary(cpp.stdout)
+    for k in ("event", "step", "params", "dp", "tp", "pp", "local_params", "loss", "val_loss",
+              "microbatches", "bubble_formula", "zero"):
+        assert a.get(k) == b.get(k), k
+    assert len(metrics(cpp_m)) == 4
+
+
+def test_real_data_and_toml_config(tmp_path):
+    """A Megatron-format dataset with its tokenizer (the vocabulary is read from it) and a TOML
+    config with tables, overridden by a flag: the same losses as the Python trainer."""
+    prefix = make_corpus(tmp_path)
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'[model]\nlayers = 2\nd-model = 32\nheads = 2\nseq_len = 16\n'
+                   f'[data]\ndata = "{prefix}"\nsplit = "90,10,0"\n'
+                   f'[train]\nsteps = 3\nmicro_batch_size = 4\nlr = 1e-3\n'
+                   f'eval_interval = 3\neval_steps = 2\nprogress = false\n')
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    py = run_python(2, "tardelli.train", "--config", cfg, "--steps", "4", "--metrics-file", py_m)
+    cpp = run_cpp(2, "--config", cfg, "--steps", "4", "--metrics-file", cpp_m)
+    assert _history(cpp_m) == _history(py_m)
+    assert len(_history(cpp_m)) == 4
+    assert _summary(cpp.stdout)["val_loss"] == _summary(py.stdout)["val_loss"]
+
+
+def test_fp16_loss_scaling_skips_like_the_python_trainer(tmp_path):
+    """fp16 with an injected overflow: the same steps are skipped with the same loss scales."""
+    extra = ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--initial-loss-scale", "1024"]
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    run_python(2, "tardelli.train", *MODEL, *extra, "--metrics-file", py_m)
+    run_cpp(2, *MODEL, *extra, "--metrics-file", cpp_m)
+    rows_py, rows_cpp = metrics(py_m), metrics(cpp_m)
+    assert [(r["loss"], r["loss_scale"], r["skipped"]) for r in rows_cpp] == \
+        [(r["loss"], r["loss_scale"], r["skipped"]) for r in rows_py]
+    assert [r["skipped"] for r in rows_cpp] == [False, True, False, False]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--no-such-flag", "1"], "--no-such-flag"),
+    (["--tp", "3"], "does not divide"),
+    (["--heads", "5"], "does not divide --d-model"),
+    (["--schedule", "bogus"], "bogus"),
+])
+def test_bad_input_is_rejected_like_the_python_cli(tmp_path, args, needle):
+    """Exit status 2 and a message naming the problem, on both front ends; a layout that cannot
+    be formed gives the same sentence."""
+    py = run_python(1, "tardelli.train", *MODEL, *args, check=False)
+    cpp = run_cpp(1, *MODEL, *args, check=False)
+    assert py.returncode == 2 and cpp.returncode == 2, (py.stderr, cpp.stderr)
+    assert needle in py.stderr and needle in cpp.stderr, (py.stderr, cpp.stderr)
+    assert "Traceback" not in cpp.stderr
+
+
+def test_bad_toml_names_the_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("layers = = 3\n")
+    cpp = run_cpp(1, "--config", bad, check=False)
+    assert cpp.returncode == 2 and str(bad) in cpp.stderr and "TOML" in cpp.stderr, cpp.stderr
+
+
+def test_what_the_cpp_loop_lacks_is_refused_by_name(tmp_path):
+    """A feature only the Python trainer has (context parallelism here) is a clear error, not
+    a run that silently ignores the flag."""
+    cpp = run_cpp(2, *MODEL, "--cp", "2", check=False)
+    assert cpp.returncode == 2, cpp.stderr
+    assert "--cp 2" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
+
+
+def test_help_lists_every_flag():
+    p = run_cpp(1, "--help")
+    assert p.returncode == 0
+    for flag in ("--tp", "--pipeline-layout", "--sequence-parallel", "--config", "--zero"):
+        assert flag in p.stdout
