@@ -196,8 +196,8 @@ json::Value to_json(const TrainConfig& cfg);
 // Defaults updated by an object of {name: value}, each coerced as Field::set; an unknown key is
 // a ConfigError. No consistency checks (validate).
 TrainConfig from_json(const json::Value& values, std::string_view source = "values");
-// The table for other front ends (Python's argparse): an array of {"name", "flag", "type",
-// "default", "help", "choices", "metavar"}, in field order.
+// The table for other front ends: an array of {"name", "flag", "type", "default", "help",
+// "choices", "metavar"}, in field order (argparse needs each '%' of a help text doubled).
 json::Value fields_json();
 
 // ---- reading a configuration ----
