@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string_view>
 
 #include "tardelli/core/error.h"
 
@@ -47,10 +49,66 @@ std::string python_json(const json::Value& v) {
   return json::dump(v);
 }
 
-MetricsFile::MetricsFile(const std::string& path) : path_(path) {
+std::optional<int64_t> metrics_row_step(const std::string& line) {
+  // NaN / Infinity / -Infinity outside strings become null.
+  std::string text;
+  text.reserve(line.size());
+  bool in_string = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (in_string) {
+      text += ch;
+      if (ch == '\\' && i + 1 < line.size()) {
+        text += line[++i];
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    bool replaced = false;
+    for (const std::string_view word : {"-Infinity", "Infinity", "NaN"}) {
+      if (line.compare(i, word.size(), word) == 0) {
+        text += "null";
+        i += word.size() - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (replaced) continue;
+    if (ch == '"') in_string = true;
+    text += ch;
+  }
+  const json::Value row = json::parse(text);
+  const json::Value* step = row.find("step");
+  if (step == nullptr || !step->is_int()) return std::nullopt;
+  return step->as_int();
+}
+
+MetricsFile::MetricsFile(const std::string& path, std::optional<int64_t> resume_step)
+    : path_(path) {
   if (path_.empty()) return;
   make_parent(path_);
-  f_ = std::fopen(path_.c_str(), "w");
+  if (resume_step && fs::exists(path_)) {
+    // Python rewrites the kept rows with json.dumps(json.loads(line)), which gives back the
+    // line's own text for rows either trainer wrote: the lines are kept as they are.
+    std::ifstream in(path_);
+    TD_CHECK(in.good(), "train: cannot read the metrics file ", path_, ": ", std::strerror(errno));
+    std::string kept, line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      std::optional<int64_t> step;
+      try {
+        step = metrics_row_step(line);
+      } catch (const Error& e) {
+        TD_ERROR("train: the metrics file ", path_, " has a malformed line ", n, ": ", e.what());
+      }
+      if (!step || *step <= *resume_step) kept += line + "\n";
+    }
+    write_text_file(path_, kept);
+    f_ = std::fopen(path_.c_str(), "a");
+  } else {
+    f_ = std::fopen(path_.c_str(), "w");
+  }
   TD_CHECK(f_ != nullptr, "train: cannot open the metrics file ", path_, ": ",
            std::strerror(errno));
 }

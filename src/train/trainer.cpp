@@ -67,9 +67,6 @@ void check_supported(const TrainConfig& c) {
   refuse(!c.precision_map.empty(), "--precision-map");
   refuse(c.grad_compression != "none", "--grad-compression " + c.grad_compression);
   refuse(c.hierarchical_reduce, "--hierarchical-reduce");
-  refuse(!c.save.empty(), "--save (checkpoints)");
-  refuse(c.resume, "--resume");
-  refuse(c.async_save, "--async-save");
   refuse(c.on_nonfinite != "raise", "--on-nonfinite " + c.on_nonfinite);
   refuse(!c.inject_nonfinite_loss.empty(), "--inject-nonfinite-loss");
   refuse(!c.plan.empty(), "--plan");
@@ -207,6 +204,7 @@ json::Value StepRecord::to_json() const {
   if (loss_scale) r.set("loss_scale", *loss_scale);
   if (skipped) r.set("skipped", *skipped);
   if (val_loss) r.set("val_loss", *val_loss);
+  if (save_blocked_s) r.set("save_blocked_s", *save_blocked_s);
   return r;
 }
 
@@ -403,7 +401,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
         c.micro_batch_size, c.seq_len / c.cp);
     pipe_->set_sync_tied_grads(c.zero < 2);
   }
-  loader_ = data_->train_loader(0);
+  loader_ = data_->train_loader(restore());
 
   // ---- counts ----
   double flops = 0;
@@ -684,7 +682,9 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
         "; global batch " + std::to_string(global_batch_) + " x " + std::to_string(c.seq_len) +
         " tokens (" + layout + "); GEMM peak " + fmt("%.0f", peak_ / 1e9) + " GFLOP/s");
   }
-  MetricsFile metrics(is_main() ? c.metrics_file : "");
+  if (resumed_) say(resumed_line());
+  MetricsFile metrics(is_main() ? c.metrics_file : "",
+                      c.resume ? std::optional<int64_t>(step_) : std::nullopt);
   std::optional<StepRecord> last;
   std::optional<double> val_loss;
   double t_train = 0;
@@ -696,13 +696,16 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     peak_rank = std::max(peak_rank, rec.mem_bytes);
     peak_max_rank = std::max(peak_max_rank, rec.peak_mem_bytes_max_rank);
     if (rec.val_loss) val_loss = rec.val_loss;
+    const bool exiting = c.exit_interval > 0 && step_ % c.exit_interval == 0;
+    save_if_due(rec, exiting, say);  // before the row, which carries save_blocked_s
     metrics.write(rec.to_json());
     if (step_ % c.log_interval == 0 || step_ == c.steps || rec.val_loss) {
       say(format_log_line(rec, c.steps));
     }
     last = rec;
-    if (c.exit_interval > 0 && step_ % c.exit_interval == 0) break;
+    if (exiting) break;
   }
+  finish_saves(say);
   json::Value s = json::Object{};
   s.set("event", "train_end");
   s.set("step", step_);

@@ -1,7 +1,9 @@
 #pragma once
 // The training metrics file: one JSON object per line, one line per optimizer step (the rows
 // python -m tardelli.train writes; python/tardelli/train/report.py reads, plots and checks them).
+#include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "tardelli/core/json.h"
@@ -11,8 +13,11 @@ namespace td::train {
 class MetricsFile {
  public:
   // An empty path writes nothing (ranks other than 0). Creates the parent directory; truncates
-  // an existing file. td::Error naming the path when it cannot be opened.
-  explicit MetricsFile(const std::string& path);
+  // an existing file, except in a resumed run (resume_step: the step of the checkpoint it
+  // resumed from), which keeps the rows of steps <= resume_step and appends after them, so the
+  // file describes one history (report.MetricsFile's rule). td::Error naming the path when it
+  // cannot be opened or rewritten.
+  explicit MetricsFile(const std::string& path, std::optional<int64_t> resume_step = std::nullopt);
   ~MetricsFile();
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
@@ -31,6 +36,11 @@ class MetricsFile {
 // the non-finite numbers strict JSON lacks (a skipped fp16 step's gradient norm is NaN), so
 // report.py and any json.loads reader take the C++ rows like the Python trainer's.
 std::string python_json(const json::Value& v);
+
+// The "step" of a metrics row as written by either trainer (Python's json.dumps may write NaN,
+// Infinity and -Infinity, which strict JSON lacks: read as null here); nullopt for a row
+// without an integer step. td::Error for a line that is not JSON.
+std::optional<int64_t> metrics_row_step(const std::string& line);
 
 // Writes `text` to `path` atomically (a temporary file in the same directory, then a rename):
 // readers see the old file or the whole new one. td::Error naming the path on failure.

@@ -20,10 +20,14 @@
 // (a step whose scaled norm is not finite is skipped); the optimizer step; the metrics row (the
 // loss is the mean over every rank in fp32).
 //
+// Checkpoints (--save, --save-interval, --exit-interval, --resume, --async-save) are
+// python/tardelli/train/state.py's, in its format: either loop resumes the other's, at the same
+// layout bitwise, at another one through the layout-free pieces (train/train_state.h).
+//
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
 // tardelli.train runs them): context and expert parallelism and MoE, ZeRO-3 and optimizer
 // offload, FP8 and per-layer precision, gradient compression and two-level reductions,
-// checkpoints (save/resume), --on-nonfinite skip, supervised restarts and the straggler log.
+// --on-nonfinite skip, supervised restarts and the straggler log.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,6 +46,7 @@
 #include "tardelli/parallel/pipeline_runtime.h"
 #include "tardelli/train/train_config.h"
 #include "tardelli/train/train_data.h"
+#include "tardelli/train/train_state.h"
 
 namespace td::train {
 
@@ -61,6 +66,7 @@ struct StepRecord {
   std::optional<double> loss_scale;                 // fp16
   std::optional<bool> skipped;                      // fp16: the update was skipped
   std::optional<double> val_loss;                   // on evaluation steps
+  std::optional<double> save_blocked_s;             // steps that saved: seconds it blocked
   double step_seconds = 0;  // the step's wall time (not in the row: tokens_per_s says it)
 
   // The metrics row (keys and order as the Python trainer's).
@@ -116,8 +122,17 @@ class Trainer {
   std::optional<double> evaluate();
 
   // The loop: steps until --steps (or --exit-interval), writing --metrics-file rows and the log
-  // lines to `log` (rank 0); returns the summary (the "train_end" object).
+  // lines to `log` (rank 0) and the checkpoints of --save; returns the summary (the "train_end"
+  // object).
   json::Value run(const std::function<void(const std::string&)>& log);
+
+  // Writes the checkpoint of the steps done so far: root/step_XXXXXXXX, then root/latest
+  // (train_state.h); returns its path. Collective over the world.
+  std::string save(const std::string& root);
+  // The checkpoint --resume restored in the constructor (nullopt: a fresh run).
+  const std::optional<LoadedState>& resumed() const { return resumed_; }
+  // This run's parts that a checkpoint holds.
+  TrainState state_view() const;
 
  private:
   TrainConfig cfg_;
@@ -140,7 +155,18 @@ class Trainer {
   int64_t step_ = 0;
   std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
 
+  std::optional<LoadedState> resumed_;
+  std::unique_ptr<AsyncSaver> saver_;  // --async-save, made at the first save
+
   double grad_norm_clipped(double max_norm);
+  // Checkpoint hooks (src/train/trainer_checkpoint.cpp): --resume's load (returns the data
+  // position to start from; 0 without --resume); the step's save when one is due, timed into
+  // rec.save_blocked_s; the commit of a background save at the end of run().
+  int64_t restore();
+  void save_if_due(StepRecord& rec, bool exiting,
+                   const std::function<void(const std::string&)>& say);
+  void finish_saves(const std::function<void(const std::string&)>& say);
+  std::string resumed_line() const;  // "train: resumed from PATH at step N (...)"
   std::vector<Tensor> parameters() const;
 };
 

@@ -1,0 +1,86 @@
+// The Trainer's checkpoint hooks (include/tardelli/train/trainer.h): --resume, --save,
+// --save-interval, --exit-interval and --async-save as python/tardelli/train/trainer.py runs
+// them, through train_state.h.
+#include <chrono>
+
+#include "tardelli/train/trainer.h"
+
+namespace td::train {
+
+namespace {
+
+double perf_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TrainState Trainer::state_view() const {
+  TrainState s;
+  s.cfg = &cfg_;
+  s.model_config = mcfg_;
+  s.chunks = chunks_;
+  s.world = world_;
+  s.grid = grid_.get();
+  s.adamw = adamw_.get();
+  s.zero = zero_opt_.get();
+  s.scaler = scaler_.get();
+  s.tokenizer_dir = data_->tokenizer_dir();
+  return s;
+}
+
+int64_t Trainer::restore() {
+  if ((!cfg_.save.empty() || cfg_.resume) && cfg_.zero == 3) {
+    // ZeRO-3's parameters hold no values between uses: a save needs the gathered parameters.
+    throw ConfigError(
+        "--save/--resume with --zero 3 is not supported by the C++ training loop yet "
+        "(tardelli-train); python -m tardelli.train runs it");
+  }
+  if (!cfg_.resume) return 0;
+  LoadedState st = load_state(state_view(), resume_path(cfg_.save));
+  step_ = st.step;
+  if (scaler_ != nullptr && st.loss_scaler) scaler_->load_state(*st.loss_scaler);
+  const int64_t consumed = st.consumed_samples;
+  resumed_ = std::move(st);
+  return consumed;
+}
+
+std::string Trainer::resumed_line() const {
+  return "train: resumed from " + resumed_->path + " at step " + std::to_string(resumed_->step) +
+         " (" + std::to_string(resumed_->consumed_samples) + " samples consumed" +
+         (resumed_->resharded ? "; resharded from another layout" : "") + ")";
+}
+
+std::string Trainer::save(const std::string& root) {
+  return save_state(state_view(), root, step_, loader_->consumed_samples());
+}
+
+void Trainer::save_if_due(StepRecord& rec, bool exiting,
+                          const std::function<void(const std::string&)>& say) {
+  const TrainConfig& c = cfg_;
+  if (saver_ != nullptr) {
+    if (auto path = saver_->poll()) say("train: saved " + *path + " (in the background)");
+  }
+  const bool due =
+      step_ == c.steps || exiting || (c.save_interval > 0 && step_ % c.save_interval == 0);
+  if (c.save.empty() || !due) return;
+  const double t0 = perf_s();
+  std::string note;
+  if (c.async_save) {
+    if (saver_ == nullptr) saver_ = std::make_unique<AsyncSaver>(world_);
+    if (auto path = saver_->wait()) say("train: saved " + *path + " (in the background)");
+    const std::string path = saver_->save(state_view(), c.save, step_, loader_->consumed_samples());
+    note = "train: saving " + path + " in the background";
+  } else {
+    note = "train: saved " + save(c.save);
+  }
+  rec.save_blocked_s = perf_s() - t0;
+  say(note);
+}
+
+void Trainer::finish_saves(const std::function<void(const std::string&)>& say) {
+  if (saver_ == nullptr) return;
+  if (auto path = saver_->wait()) say("train: saved " + *path + " (in the background)");
+}
+
+}  // namespace td::train
