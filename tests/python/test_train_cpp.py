@@ -146,3 +146,211 @@ def test_help_lists_every_flag():
     assert p.returncode == 0
     for flag in ("--tp", "--pipeline-layout", "--sequence-parallel", "--config", "--zero"):
         assert flag in p.stdout
+
+
+# ---- checkpoints: the C++ loop writes and reads python -m tardelli.train's (Note [One checkpoint
+# format for both loops] in include/tardelli/train/train_state.h) ----
+
+import shutil  # noqa: E402
+import signal  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import tardelli as td  # noqa: E402
+
+STEP2 = "step_00000002"
+
+
+def _checkpoint(save, step=2):
+    """The files of a step directory (name -> bytes) and its meta.json without the flags that
+    name paths."""
+    path = save / td.checkpoint.step_dir_name(step)
+    files = {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.name != "meta.json"}
+    meta = td.checkpoint.CheckpointReader(str(path)).meta()
+    for k in ("save", "metrics_file"):
+        meta["train"].pop(k)
+    return files, meta
+
+
+CROSS = [
+    (1, []),
+    (2, ["--zero", "1", "--global-batch-size", "8"]),
+    (2, ["--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--global-batch-size", "8"]),
+    (2, ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--initial-loss-scale", "1024"]),
+    (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
+]
+
+
+@pytest.mark.parametrize("nproc,extra", CROSS,
+                         ids=[f"{n}-{'_'.join(e) or 'plain'}" for n, e in CROSS])
+def test_checkpoints_cross_between_the_loops(tmp_path, nproc, extra):
+    """Both loops stop after step 2 (--exit-interval) and save: the step directories hold the
+    same files, byte for byte (meta.json: the same members but the paths given). Each loop then
+    resumes the other's checkpoint and continues the uninterrupted run bitwise, dropout streams
+    and the fp16 loss scale included; the metrics file of the first half is continued."""
+    full = tmp_path / "full.jsonl"
+    run_python(nproc, "tardelli.train", *MODEL, *extra, "--metrics-file", full)
+    cpp_save, py_save = tmp_path / "cpp", tmp_path / "py"
+    c2p, p2c = tmp_path / "c2p.jsonl", tmp_path / "p2c.jsonl"
+    cpp = run_cpp(nproc, *MODEL, *extra, "--save", cpp_save, "--exit-interval", "2",
+                  "--metrics-file", c2p)
+    run_python(nproc, "tardelli.train", *MODEL, *extra, "--save", py_save, "--exit-interval",
+               "2", "--metrics-file", p2c)
+    assert f"train: saved {cpp_save / STEP2}\n" in cpp.stdout
+    assert _summary(cpp.stdout)["step"] == 2
+    assert (cpp_save / "latest").read_text() == STEP2 + "\n"
+    cpp_files, cpp_meta = _checkpoint(cpp_save)
+    py_files, py_meta = _checkpoint(py_save)
+    assert sorted(cpp_files) == sorted(py_files)
+    for name in py_files:
+        assert cpp_files[name] == py_files[name], name
+    assert cpp_meta == py_meta
+    py = run_python(nproc, "tardelli.train", *MODEL, *extra, "--save", cpp_save, "--resume",
+                    "--metrics-file", c2p)
+    cpp = run_cpp(nproc, *MODEL, *extra, "--save", py_save, "--resume", "--metrics-file", p2c)
+    assert f"train: resumed from {cpp_save / STEP2} at step 2" in py.stdout
+    assert f"train: resumed from {py_save / STEP2} at step 2" in cpp.stdout
+    assert "resharded" not in cpp.stdout
+    assert _history(c2p) == _history(full)
+    assert _history(p2c) == _history(full)
+    assert [r["step"] for r in metrics(p2c)] == [1, 2, 3, 4]
+    rows = metrics(p2c)
+    assert "save_blocked_s" in rows[1] and "save_blocked_s" in rows[3]
+    assert "save_blocked_s" not in rows[0]
+    if "fp16" in extra:
+        assert [r["loss_scale"] for r in rows] == [r["loss_scale"] for r in metrics(full)]
+
+
+# Layout-free resume (tests/python/test_checkpoint_reshard.py's setting: no dropout, eps 1e-3,
+# a padded vocabulary under tp, gpt2's tied table on the last stage).
+RESHARD = ["--synthetic-data", "--vocab-size", "301", "--layers", "4", "--d-model", "32",
+           "--heads", "4", "--seq-len", "16", "--global-batch-size", "8", "--micro-batch-size",
+           "2", "--steps", "4", "--warmup-steps", "1", "--lr", "3e-3", "--eps", "1e-3",
+           "--no-progress", "--eval-interval", "0", "--log-interval", "1"]
+TP2PP2 = ["--tp", "2", "--pp", "2"]
+
+
+def test_resume_at_another_layout_across_the_loops(tmp_path):
+    """A tp 2 x pp 2 checkpoint of each loop resumes in the other at dp 2 with ZeRO-1 (and the
+    C++ one in C++ at tp 4 with ZeRO-2), continuing the uninterrupted run to fp32 rounding
+    (rtol 1e-5, as test_checkpoint_reshard.py)."""
+    full = tmp_path / "full.jsonl"
+    run_cpp(4, *RESHARD, *TP2PP2, "--metrics-file", full)
+    want = metrics(full)[2:]
+    cpp_save, py_save = tmp_path / "cpp", tmp_path / "py"
+    run_cpp(4, *RESHARD, *TP2PP2, "--save", cpp_save, "--exit-interval", "2")
+    run_python(4, "tardelli.train", *RESHARD, *TP2PP2, "--save", py_save, "--exit-interval", "2")
+    again = tmp_path / "again"
+    shutil.copytree(cpp_save, again)
+    cases = [(run_python, 2, cpp_save, ["--zero", "1"]), (run_cpp, 2, py_save, ["--zero", "1"]),
+             (run_cpp, 4, again, ["--tp", "4", "--zero", "2"])]
+    for runner, nproc, save, layout in cases:
+        m = tmp_path / f"{save.name}-{nproc}.jsonl"
+        args = (*RESHARD, *layout, "--save", save, "--resume", "--metrics-file", m)
+        p = runner(nproc, "tardelli.train", *args) if runner is run_python else \
+            runner(nproc, *args)
+        assert "resharded from another layout" in p.stdout, p.stdout
+        got = metrics(m)
+        assert [r["step"] for r in got] == [3, 4]
+        for k in ("loss", "grad_norm"):
+            np.testing.assert_allclose([r[k] for r in got], [r[k] for r in want], rtol=1e-5,
+                                       err_msg=f"{save.name} {layout} {k}")
+
+
+def test_exit_interval_and_resume_in_the_cpp_loop(tmp_path):
+    """--exit-interval stops and saves; --resume continues bitwise; a resume from an older
+    checkpoint (the newest one lost) drops the metrics rows after it and repeats the steps."""
+    full, m, save = tmp_path / "full.jsonl", tmp_path / "m.jsonl", tmp_path / "save"
+    run_cpp(2, *MODEL, "--zero", "2", "--metrics-file", full)
+    first = run_cpp(2, *MODEL, "--zero", "2", "--save", save, "--exit-interval", "2",
+                    "--metrics-file", m)
+    assert _summary(first.stdout)["step"] == 2 and len(metrics(m)) == 2
+    run_cpp(2, *MODEL, "--zero", "2", "--save", save, "--resume", "--save-interval", "1",
+            "--metrics-file", m)
+    assert _history(m) == _history(full)
+    assert sorted(p.name for p in save.iterdir()) == \
+        ["latest", STEP2, "step_00000003", "step_00000004"]
+    shutil.rmtree(save / "step_00000004")
+    shutil.rmtree(save / "step_00000003")
+    again = run_cpp(2, *MODEL, "--zero", "2", "--save", save, "--resume", "--metrics-file", m)
+    assert f"train: resumed from {save / STEP2} at step 2 (8 samples consumed)" in again.stdout
+    assert _history(m) == _history(full)
+
+
+def test_async_save_in_the_cpp_loop(tmp_path):
+    """--async-save writes what python's --async-save writes, step by step; a process killed
+    while its writer is slowed (test hook) keeps the previous checkpoint, which Python
+    resumes bitwise."""
+    extra = ["--zero", "1", "--save-interval", "1", "--async-save"]
+    cpp_save, py_save = tmp_path / "cpp", tmp_path / "py"
+    run_cpp(2, *MODEL, *extra, "--save", cpp_save)
+    run_python(2, "tardelli.train", *MODEL, *extra, "--save", py_save)
+    for step in range(1, 5):
+        assert _checkpoint(cpp_save, step) == _checkpoint(py_save, step), step
+
+    save, m = tmp_path / "killed", tmp_path / "m.jsonl"
+    env = dict(ENV, TD_TEST_ASYNC_SAVE_DELAY="3")
+    p = subprocess.Popen([str(BIN), *MODEL, "--save-interval", "1", "--async-save", "--save",
+                          str(save), "--metrics-file", str(m)], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if "saving" in line and "step_00000002" in line:
+                p.send_signal(signal.SIGKILL)
+                break
+    finally:
+        p.wait(timeout=60)
+    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    assert any(f"saved {save / 'step_00000001'} (in the background)" in x for x in seen), seen
+    latest = td.checkpoint.find_latest(str(save))
+    assert latest.endswith("step_00000001")
+    td.checkpoint.CheckpointReader(latest).verify()
+    assert not (save / STEP2).exists()
+    run_python(1, "tardelli.train", *MODEL, "--save", save, "--resume", "--metrics-file", m)
+    full = tmp_path / "full.jsonl"
+    run_cpp(1, *MODEL, "--metrics-file", full)
+    assert _history(m) == _history(full)
+
+
+def _flip_byte(path, at=200):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_bad_checkpoints_are_refused_like_the_python_cli(tmp_path):
+    """No checkpoint, a save that never completed, a damaged file, another model, other data
+    settings: exit status 2 and python's message, word for word."""
+    save = tmp_path / "save"
+    run_cpp(1, *MODEL, "--save", save, "--exit-interval", "2")
+    (tmp_path / "partial" / "step_00000002.tmp").mkdir(parents=True)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(save, damaged)
+    _flip_byte(damaged / STEP2 / "shards.rank00000.safetensors")
+    cases = [
+        (["--save", tmp_path / "none"], "(the directory does not exist)"),
+        (["--save", tmp_path / "partial"], "(it holds step_00000002.tmp; a *.tmp directory"),
+        (["--save", damaged], "'shards.rank00000.safetensors' is damaged"),
+        (["--save", save, "--layers", "3"], "was saved from a different model"),
+        (["--save", save, "--split", "90,5,5"], "split: '90,5,5' vs '98,1,1'"),
+    ]
+    for args, needle in cases:
+        py = run_python(1, "tardelli.train", *MODEL, *args, "--resume", check=False)
+        cpp = run_cpp(1, *MODEL, *args, "--resume", check=False)
+        assert py.returncode == 2 and cpp.returncode == 2, (args, py.stderr, cpp.stderr)
+        assert needle in cpp.stderr, (args, cpp.stderr)
+        assert cpp.stderr.split("error: ", 1)[1] == py.stderr.split("error: ", 1)[1], args
+
+
+def test_a_checkpoint_damaged_for_one_rank_fails_every_rank(tmp_path):
+    """A data file only rank 1 reads (its ZeRO shard of the moments) is damaged: every rank
+    fails with status 2 instead of rank 0 waiting in the first step's collectives."""
+    save = tmp_path / "save"
+    run_cpp(2, *MODEL, "--zero", "1", "--save", save, "--exit-interval", "2")
+    _flip_byte(save / STEP2 / "shards.rank00001.safetensors")
+    cpp = run_cpp(2, *MODEL, "--zero", "1", "--save", save, "--resume", check=False, timeout=60)
+    assert cpp.returncode == 2, cpp.stderr
+    assert "'shards.rank00001.safetensors' is damaged" in cpp.stderr
+    assert "failed on another rank" in cpp.stderr
