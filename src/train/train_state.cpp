@@ -1,6 +1,7 @@
 #include "tardelli/train/train_state.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "py_format.h"
@@ -605,13 +607,10 @@ LoadedState load_local(const TrainState& s, const std::string& path) {
   out.path = path;
   try {
     load_tensors(s, index, saved_step(reader, meta));
-  } catch (const ConfigError&) {
-    throw;
   } catch (const Error& e) {
-    index.release();
     throw ConfigError("--resume: " + path + ": " + e.what());
   }
-  index.release();
+  index.release();  // the data files read (memory)
   const json::Value* layout = meta.find("parallel");
   const bool same_layout = layout != nullptr && py_equal(*layout, layout_json(s));
   load_rng(s, reader, same_layout);
