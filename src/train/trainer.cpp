@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "py_format.h"
 #include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/core/allocator.h"
@@ -24,22 +25,18 @@
 #include "tardelli/optim/lr_schedule.h"
 #include "tardelli/parallel/parallelize.h"
 #include "tardelli/train/metrics_file.h"
+#include "train_util.h"
 
 namespace td::train {
 
 namespace dist = td::distributed;
+using detail::fmt;
+using detail::now_s;
+using detail::perf_s;
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-double perf_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 DType compute_dtype(const std::string& name) {
   if (name == "bf16") return DType::BFloat16;
@@ -70,8 +67,6 @@ void check_supported(const TrainConfig& c) {
   refuse(!c.save.empty(), "--save (checkpoints)");
   refuse(c.resume, "--resume");
   refuse(c.async_save, "--async-save");
-  refuse(c.on_nonfinite != "raise", "--on-nonfinite " + c.on_nonfinite);
-  refuse(!c.inject_nonfinite_loss.empty(), "--inject-nonfinite-loss");
   refuse(!c.plan.empty(), "--plan");
 }
 
@@ -169,85 +164,7 @@ bool counts_in_norm(const models::GPT& m, const std::string& name, bool tp) {
   return split || !tp || tp_rank_of(m) == 0;
 }
 
-std::string with_commas(double v) {
-  const long long n = std::llround(v);
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (n < 0 ? "-" : "") + out;
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 }  // namespace
-
-json::Value StepRecord::to_json() const {
-  json::Value r = json::Object{};
-  r.set("step", step);
-  r.set("loss", loss);
-  r.set("lr", lr);
-  r.set("grad_norm", grad_norm);
-  r.set("tokens_per_s", tokens_per_s);
-  r.set("time", time);
-  r.set("mfu", mfu);
-  r.set("mem_bytes", mem_bytes);
-  r.set("peak_mem_bytes_max_rank", peak_mem_bytes_max_rank);
-  json::Array compute, wait;
-  for (double v : rank_compute_s) compute.emplace_back(v);
-  for (double v : rank_wait_s) wait.emplace_back(v);
-  r.set("rank_compute_s", std::move(compute));
-  r.set("rank_wait_s", std::move(wait));
-  if (dp_comm_bytes) r.set("dp_comm_bytes", *dp_comm_bytes);
-  if (loss_scale) r.set("loss_scale", *loss_scale);
-  if (skipped) r.set("skipped", *skipped);
-  if (val_loss) r.set("val_loss", *val_loss);
-  return r;
-}
-
-std::string format_log_line(const StepRecord& r, int64_t steps) {
-  char head[64];
-  std::snprintf(head, sizeof head, "step %6lld/%lld", static_cast<long long>(r.step),
-                static_cast<long long>(steps));
-  std::string line = std::string(head) + " | loss " + fmt("%.4f", r.loss) + " | lr " +
-                     fmt("%.3e", r.lr) + " | grad norm " + fmt("%.3f", r.grad_norm) + " | " +
-                     with_commas(r.tokens_per_s) + " tok/s | mfu " + fmt("%.1f", 100 * r.mfu) +
-                     "% | mem " + fmt("%.0f", static_cast<double>(r.mem_bytes) / (1 << 20)) +
-                     " MiB";
-  if (r.loss_scale) {
-    line += " | loss scale " + fmt("%g", *r.loss_scale) +
-            (r.skipped.value_or(false) ? " (skipped)" : "");
-  } else if (r.skipped.value_or(false)) {
-    line += " | skipped";
-  }
-  if (r.val_loss) line += " | val loss " + fmt("%.4f", *r.val_loss);
-  return line;
-}
-
-double gemm_peak_flops(DType dtype, Device device, int64_t n, int reps) {
-  const bool gpu = device.is_cuda();
-  if (n <= 0) n = gpu ? 4096 : 1024;
-  Tensor a = randn({n, n}).to(dtype).to(device);
-  Tensor b = randn({n, n}).to(dtype).to(device);
-  auto sync = [&] {
-    if (gpu) cuda_synchronize(device.index);
-  };
-  matmul(a, b);
-  sync();
-  double best = kInf;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = perf_s();
-    matmul(a, b);
-    sync();
-    best = std::min(best, perf_s() - t0);
-  }
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
-}
 
 Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     : cfg_(std::move(cfg)), world_(std::move(world)) {
@@ -291,6 +208,12 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   }
   accum_ = train::accumulation_steps(c, dp_size_);
   global_batch_ = c.micro_batch_size * dp_size_ * accum_;
+  const int world_rank = world_ ? world_->rank() : 0;
+  inject_grad_ = inject_steps(c);
+  for (const auto& [step, rank] : inject_loss_steps(c)) {
+    if (rank == -1 || rank == world_rank) inject_loss_.insert(step);
+  }
+  slow_s_ = slow_rank_seconds(world_rank);
 
   // ---- data ----
   DataOptions d;
@@ -507,10 +430,10 @@ StepRecord Trainer::train_step() {
   if (ddp_ != nullptr) ddp_->zero_grad();
   double loss_sum = 0;
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  const std::set<int64_t> injected = inject_steps(c);
   // The factor backward is seeded with (x 1/accum): the loss scale, or inf on a step of
   // --inject-nonfinite-grad.
-  const double backward_seed = loss_scale * (injected.count(step_ + 1) ? kInf : 1.0);
+  const double backward_seed = loss_scale * (inject_grad_.count(step_ + 1) ? kInf : 1.0);
+  if (slow_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s_));
   if (pipe_ != nullptr) {
     std::vector<MicroBatch> batches;
     for (int64_t m = 0; m < accum_; ++m) {
@@ -541,6 +464,8 @@ StepRecord Trainer::train_step() {
     }
     if (ddp_ != nullptr) ddp_->set_last_microbatch(true);
   }
+  // --inject-nonfinite-loss: the gradients stay finite.
+  if (inject_loss_.count(step_ + 1)) loss_sum = std::numeric_limits<double>::quiet_NaN();
   if (ddp_ != nullptr) {
     ddp_->finish_grad_sync();
     if (pipe_ != nullptr && c.zero >= 2) pipe_->sync_tied_embedding_shard(*ddp_);
@@ -570,10 +495,24 @@ StepRecord Trainer::train_step() {
   } else {
     grad_norm = grad_norm_clipped(max_norm);
   }
-  if (scaler_ == nullptr && !std::isfinite(grad_norm)) {
-    TD_ERROR("train: the gradient norm is ", grad_norm, " at step ", step_ + 1,
-             " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
+  // Note [Non-finite steps] (python/tardelli/train/trainer.py): every rank takes the same
+  // decision: the gradient norm is global already, the loss is agreed on with an exact int max
+  // over the world (only under --on-nonfinite skip). Under raise a non-finite gradient norm
+  // stops the run before the update, a non-finite mean loss after it; under fp16 a non-finite
+  // gradient is the loss scaler's.
+  bool nonfinite = false;
+  const bool grad_bad = scaler_ == nullptr && !std::isfinite(grad_norm);
+  if (c.on_nonfinite == "skip") {
+    const bool loss_bad = max_over_ranks(std::isfinite(loss_sum) ? 0 : 1, world_) != 0;
+    nonfinite = grad_bad || loss_bad;
+    skips_ += nonfinite ? 1 : 0;
+    consecutive_ = nonfinite ? consecutive_ + 1 : 0;
+  } else if (grad_bad) {
+    throw Error("train: the gradient norm is " + py::str(grad_norm) + " at step " +
+                std::to_string(step_ + 1) +
+                " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
   }
+  applied = applied && !nonfinite;
   if (applied) {
     if (zero_opt_ != nullptr) {
       zero_opt_->step();
@@ -590,6 +529,7 @@ StepRecord Trainer::train_step() {
   StepRecord rec;
   rec.step = step_;
   rec.step_seconds = dt;
+  rec.nonfinite = nonfinite;
   // The compute/wait split of every world rank (Note [Straggler report] in trainer.py).
   const double compute = std::max(dt - wait, 0.0);
   if (world_ == nullptr || world_->size() == 1) {
@@ -616,13 +556,12 @@ StepRecord Trainer::train_step() {
   rec.mem_bytes = memory_stats(device_).peak_bytes;
   rec.peak_mem_bytes_max_rank = max_over_ranks(rec.mem_bytes, world_);
   if (ddp_ != nullptr) rec.dp_comm_bytes = ddp_->comm()->stats().bytes - bytes0;
-  if (scaler_ != nullptr) {
-    rec.loss_scale = loss_scale;
-    rec.skipped = !applied;
-  }
-  if (!std::isfinite(rec.loss)) {
-    TD_ERROR("train: the loss is ", rec.loss, " at step ", step_,
-             " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
+  if (scaler_ != nullptr) rec.loss_scale = loss_scale;
+  if (scaler_ != nullptr || c.on_nonfinite == "skip") rec.skipped = !applied;
+  if (c.on_nonfinite == "skip") rec.nonfinite_skips = skips_;
+  if (!std::isfinite(rec.loss) && !nonfinite) {
+    throw Error("train: the loss is " + py::str(rec.loss) + " at step " + std::to_string(step_) +
+                " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
   }
   if (c.eval_interval > 0 && (step_ % c.eval_interval == 0 || step_ == c.steps)) {
     rec.val_loss = evaluate();
@@ -690,15 +629,33 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
   double t_train = 0;
   int64_t peak_rank = 0, peak_max_rank = 0;
   const int64_t start_step = step_;
+  double straggler_logged = -kInf;  // the last step that logged a straggler
   while (step_ < c.steps) {
     StepRecord rec = train_step();
     t_train += rec.step_seconds;
     peak_rank = std::max(peak_rank, rec.mem_bytes);
     peak_max_rank = std::max(peak_max_rank, rec.peak_mem_bytes_max_rank);
     if (rec.val_loss) val_loss = rec.val_loss;
+    const bool give_up = rec.nonfinite && consecutive_ >= c.max_skipped_steps;
     metrics.write(rec.to_json());
     if (step_ % c.log_interval == 0 || step_ == c.steps || rec.val_loss) {
       say(format_log_line(rec, c.steps));
+    }
+    const auto slow = is_main() ? stragglers(rec.rank_compute_s, c.straggler_threshold)
+                                : std::vector<std::pair<int, double>>{};
+    if (!slow.empty() &&
+        static_cast<double>(step_) - straggler_logged >= static_cast<double>(c.log_interval)) {
+      straggler_logged = static_cast<double>(step_);  // at most once per --log-interval steps
+      for (const auto& [r, ratio] : slow) say(straggler_line(r, rec.rank_compute_s[r], ratio));
+    }
+    if (give_up) {
+      throw Error("train: step " + std::to_string(step_) + ": " + std::to_string(consecutive_) +
+                  " consecutive steps (steps " + std::to_string(step_ - consecutive_ + 1) + "-" +
+                  std::to_string(step_) +
+                  ") skipped for a non-finite loss or gradient norm, the limit of "
+                  "--max-skipped-steps " +
+                  std::to_string(c.max_skipped_steps) +
+                  " (diverged; lower --lr or use --clip-grad)");
     }
     last = rec;
     if (c.exit_interval > 0 && step_ % c.exit_interval == 0) break;
@@ -733,6 +690,7 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
       s.set("grad_buffer_bytes", ddp_->grad_buffer_bytes());
     }
   }
+  if (c.on_nonfinite == "skip") s.set("nonfinite_skips", skips_);
   if (scaler_ != nullptr) {
     s.set("loss_scale", scaler_->scale());
     s.set("skipped_steps", scaler_->state().skipped_steps);

@@ -20,15 +20,21 @@
 // (a step whose scaled norm is not finite is skipped); the optimizer step; the metrics row (the
 // loss is the mean over every rank in fp32).
 //
+// --on-nonfinite skip agrees on a non-finite loss or gradient norm over every rank and skips the
+// update (Note [Non-finite steps] in python/tardelli/train/trainer.py); run() logs stragglers
+// (stragglers() below).
+//
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
 // tardelli.train runs them): context and expert parallelism and MoE, ZeRO-3 and optimizer
 // offload, FP8 and per-layer precision, gradient compression and two-level reductions,
-// checkpoints (save/resume), --on-nonfinite skip, supervised restarts and the straggler log.
+// checkpoints (save/resume) and supervised restarts.
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tardelli/core/json.h"
@@ -59,9 +65,13 @@ struct StepRecord {
   std::vector<double> rank_compute_s, rank_wait_s;  // per world rank (Note [Straggler report])
   std::optional<int64_t> dp_comm_bytes;             // bytes handed to the gradient reduction
   std::optional<double> loss_scale;                 // fp16
-  std::optional<bool> skipped;                      // fp16: the update was skipped
-  std::optional<double> val_loss;                   // on evaluation steps
+  std::optional<bool> skipped;             // fp16 or --on-nonfinite skip: the update was skipped
+  std::optional<int64_t> nonfinite_skips;  // --on-nonfinite skip: steps skipped so far
+  std::optional<double> val_loss;          // on evaluation steps
   double step_seconds = 0;  // the step's wall time (not in the row: tokens_per_s says it)
+  // Not in the row either: --on-nonfinite skip skipped this step for a non-finite loss or
+  // gradient norm (Note [Non-finite steps] in python/tardelli/train/trainer.py).
+  bool nonfinite = false;
 
   // The metrics row (keys and order as the Python trainer's).
   json::Value to_json() const;
@@ -73,6 +83,23 @@ std::string format_log_line(const StepRecord& r, int64_t steps);
 // The best GEMM rate of this library here for `dtype` on `device` (FLOP/s): MFU's denominator,
 // measured once (n = 1024 on the CPU, 4096 on a GPU; the best of `reps`).
 double gemm_peak_flops(DType dtype, Device device, int64_t n = 0, int reps = 5);
+
+// The straggler report (Note [Straggler report] in python/tardelli/train/trainer.py): each step
+// every rank's time is split into compute and wait (seconds blocked in the job's
+// communicators), gathered over the world into the metrics row; a rank whose compute exceeds
+// --straggler-threshold x the median (and the median by kStragglerMinExcessS: on steps of
+// milliseconds the ratio is scheduler noise) is logged, at most once per --log-interval steps.
+inline constexpr double kStragglerMinExcessS = 0.01;
+// (world rank, compute / median) of the stragglers among `compute` (seconds per world rank);
+// none for one rank or threshold 0 (python's stragglers()).
+std::vector<std::pair<int, double>> stragglers(const std::vector<double>& compute,
+                                               double threshold);
+// "train: straggler rank R: compute X s is Y x the median".
+std::string straggler_line(int rank, double compute_s, double ratio);
+// Testing aid: TD_TEST_SLOW_RANK="RANK:SECONDS" makes world rank RANK sleep SECONDS in every
+// step's compute (a simulated straggler); 0 on the other ranks or unset; ConfigError when
+// malformed.
+double slow_rank_seconds(int rank);
 
 class Trainer {
  public:
@@ -106,10 +133,20 @@ class Trainer {
 
   // Optimizer steps done so far.
   int64_t step() const { return step_; }
+  // --on-nonfinite skip: steps skipped for a non-finite loss or gradient norm, all and the
+  // latest run of consecutive ones (a checkpoint keeps both; set them when resuming).
+  int64_t nonfinite_skips() const { return skips_; }
+  int64_t consecutive_skips() const { return consecutive_; }
+  void set_nonfinite_skips(int64_t skips, int64_t consecutive) {
+    skips_ = skips;
+    consecutive_ = consecutive;
+  }
   double lr_at(int64_t step) const;
   // One optimizer step (the next one) over accumulation_steps() micro-batches per rank;
   // evaluates when the step is an --eval-interval multiple or the last. td::Error for a
-  // diverged (non-finite) loss or gradient norm, naming the step.
+  // diverged (non-finite) loss or gradient norm, naming the step; under --on-nonfinite skip
+  // such a step is skipped on every rank instead (rec.nonfinite; run() stops after
+  // --max-skipped-steps consecutive ones).
   StepRecord train_step();
   // The mean validation loss over --eval-steps micro-batches, averaged over the ranks; nullopt
   // without a validation split or with --eval-steps 0.
@@ -138,6 +175,10 @@ class Trainer {
   int64_t n_params_ = 0;
   double flops_per_step_ = 0, peak_ = 0;
   int64_t step_ = 0;
+  int64_t skips_ = 0, consecutive_ = 0;      // Note [Non-finite steps]
+  std::set<int64_t> inject_grad_;            // --inject-nonfinite-grad steps
+  std::set<int64_t> inject_loss_;            // --inject-nonfinite-loss steps of this rank
+  double slow_s_ = 0;                        // TD_TEST_SLOW_RANK
   std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
 
   double grad_norm_clipped(double max_norm);
