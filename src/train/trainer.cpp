@@ -30,6 +30,7 @@
 namespace td::train {
 
 namespace dist = td::distributed;
+using detail::counts_in_norm;
 using detail::fmt;
 using detail::now_s;
 using detail::perf_s;
@@ -57,8 +58,6 @@ void check_supported(const TrainConfig& c) {
   refuse(c.cp > 1, "--cp " + std::to_string(c.cp));
   refuse(c.ep > 1, "--ep " + std::to_string(c.ep));
   refuse(c.num_experts > 0, "--num-experts " + std::to_string(c.num_experts));
-  refuse(c.zero == 3, "--zero 3");
-  refuse(c.offload_optimizer, "--offload-optimizer");
   refuse(c.fp8 != "none", "--fp8 " + c.fp8);
   refuse(c.precision_policy != "static", "--precision-policy " + c.precision_policy);
   refuse(!c.precision_map.empty(), "--precision-map");
@@ -145,23 +144,6 @@ int64_t logical_params(const models::GPT& m) {
   int64_t n = 0;
   for (const auto& [name, t] : m.named_parameters()) n += prod(m.full_shape(name));
   return n;
-}
-
-int tp_size_of(const models::GPT& m) {
-  return m.parallelism() != nullptr ? m.parallelism()->tp_size() : 1;
-}
-
-int tp_rank_of(const models::GPT& m) {
-  return m.parallelism() != nullptr ? m.parallelism()->tp_rank() : 0;
-}
-
-// Whether parameter `name` of `m` counts in the global gradient norm on this rank: split over tp
-// (every tp rank holds a part), or replicated and this is tp rank 0; a pipeline stage's copy of
-// the tied embedding never (model_parallel._counts).
-bool counts_in_norm(const models::GPT& m, const std::string& name, bool tp) {
-  if (name == "wte.weight" && !m.stage().pre) return false;
-  const bool split = m.shard_spec(name).dim >= 0 && tp_size_of(m) > 1;
-  return split || !tp || tp_rank_of(m) == 0;
 }
 
 }  // namespace
@@ -284,36 +266,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   defaults.beta1 = c.beta1;
   defaults.beta2 = c.beta2;
   defaults.eps = c.eps;
-  if (world_ != nullptr) {
-    // Note [Data parallel step] (python/tardelli/train/trainer.py): gradients live in the DDP's
-    // buckets; reductions start during the step's last backward (ZeRO-2: every micro-batch's).
-    dist::DDPOptions o;
-    o.bucket_bytes = std::max<int64_t>(1, std::llround(c.ddp_bucket_mb * 1e6));
-    o.reduce_scatter = c.zero >= 1;
-    o.shard_grads = c.zero == 2;
-    if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
-    ddp_ = std::make_unique<dist::DistributedDataParallel>(named, grid_->dp(), o);
-  }
-  if (c.zero > 0) {
-    zero_opt_ = std::make_unique<dist::DistributedOptimizer>(*ddp_, groups, defaults);
-    if (mp_group_ != nullptr) {
-      std::vector<bool> counted;
-      const bool tp = c.tp > 1;
-      for (const dist::BucketParam& bp : ddp_->params()) {
-        const models::GPT* owner = nullptr;
-        for (const auto& ch : chunks_) {
-          for (const auto& [n, p] : ch->named_parameters()) {
-            if (n == bp.name) owner = ch.get();
-          }
-        }
-        TD_CHECK(owner != nullptr, "train: no chunk holds parameter ", bp.name);
-        counted.push_back(counts_in_norm(*owner, bp.name, tp));
-      }
-      zero_opt_->set_model_parallel(mp_group_, counted);
-    }
-  } else {
-    adamw_ = std::make_unique<optim::AdamW>(groups, defaults);
-  }
+  build_reduction(named, groups, defaults);
   if (c.dtype == "fp16") {
     optim::LossScalerOptions so;
     so.init_scale = c.initial_loss_scale;
@@ -610,6 +563,7 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     std::string layout = std::to_string(accum_) + " micro-batches of " +
                          std::to_string(c.micro_batch_size) + " x dp " + std::to_string(dp_size_);
     if (c.zero) layout += ", ZeRO-" + std::to_string(c.zero);
+    if (c.offload_optimizer) layout += " + optimizer offload";
     if (c.tp > 1) layout += ", tp " + std::to_string(c.tp);
     if (c.sequence_parallel) layout += " + sequence parallel";
     if (c.pp > 1) {

@@ -64,6 +64,11 @@ LAYOUTS = [
     (2, ["--pp", "2", "--schedule", "zb", "--global-batch-size", "6", "--recompute", "full"]),
     (2, ["--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
     (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
+    (2, ["--zero", "3", "--global-batch-size", "8"]),
+    (2, ["--zero", "3", "--dtype", "bf16", "--offload-optimizer", "--clip-grad", "0.05"]),
+    (2, ["--zero", "1", "--offload-optimizer"]),
+    (4, ["--zero", "3", "--pp", "2", "--global-batch-size", "4"]),
+    (4, ["--zero", "3", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
 ]
 
 
@@ -78,7 +83,8 @@ def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
     assert _history(cpp_m) == _history(py_m)
     a, b = _summary(py.stdout), _summary(cpp.stdout)
     for k in ("event", "step", "params", "dp", "tp", "pp", "local_params", "loss", "val_loss",
-              "microbatches", "bubble_formula", "zero"):
+              "microbatches", "bubble_formula", "zero", "optimizer_state_bytes",
+              "host_state_bytes"):
         assert a.get(k) == b.get(k), k
     assert len(metrics(cpp_m)) == 4
 

@@ -25,9 +25,9 @@
 // (stragglers() below).
 //
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): context and expert parallelism and MoE, ZeRO-3 and optimizer
-// offload, FP8 and per-layer precision, gradient compression and two-level reductions,
-// checkpoints (save/resume) and supervised restarts.
+// tardelli.train runs them): context and expert parallelism and MoE, FP8 and per-layer
+// precision, gradient compression and two-level reductions, checkpoints (save/resume) and
+// supervised restarts.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,6 +41,7 @@
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/data_parallel.h"
 #include "tardelli/distributed/distributed_optimizer.h"
+#include "tardelli/distributed/fully_sharded.h"
 #include "tardelli/distributed/process_grid.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/optim/adamw.h"
@@ -123,7 +124,10 @@ class Trainer {
   // This rank's model chunks (one without pipelining).
   const std::vector<std::shared_ptr<models::GPT>>& chunks() const { return chunks_; }
   parallel::PipelineRuntime* pipeline() const { return pipe_.get(); }
-  distributed::DistributedDataParallel* ddp() const { return ddp_.get(); }
+  // The gradient reduction (ZeRO-3: the FSDP's); null for one plain process.
+  distributed::DistributedDataParallel* ddp() const { return ddp_; }
+  // ZeRO-3's parameter sharding; null otherwise.
+  distributed::FullyShardedDataParallel* fsdp() const { return fsdp_.get(); }
   // Parameters of the whole logical model (a pipeline counts every stage, gpt2's tied table
   // once); model FLOPs of one step.
   int64_t num_parameters() const { return n_params_; }
@@ -166,7 +170,10 @@ class Trainer {
   std::unique_ptr<BatchSource> loader_;
   std::vector<std::shared_ptr<models::GPT>> chunks_;
   std::unique_ptr<parallel::PipelineRuntime> pipe_;
-  std::unique_ptr<distributed::DistributedDataParallel> ddp_;
+  // Declared before the optimizers that use them (destroyed after).
+  std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;      // ZeRO-3
+  std::unique_ptr<distributed::DistributedDataParallel> ddp_owned_;  // without ZeRO-3
+  distributed::DistributedDataParallel* ddp_ = nullptr;              // either one's DDP
   std::unique_ptr<distributed::DistributedOptimizer> zero_opt_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;
@@ -181,6 +188,13 @@ class Trainer {
   double slow_s_ = 0;                        // TD_TEST_SLOW_RANK
   std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
 
+  // The DDP (or ZeRO-3's FSDP) and the optimizer over `named` (src/train/trainer_reduction.cpp).
+  void build_reduction(const nn::NamedTensors& named, const std::vector<optim::ParamGroup>& groups,
+                       const optim::AdamWOptions& defaults);
+  // The group a gradient reduction over `axes` runs on.
+  distributed::CommPtr reduction_group(const std::string& axes) const;
+  // Per parameter of `ddp`: whether it counts in the gradient norm on this rank.
+  std::vector<bool> counted_in_norm(const distributed::DistributedDataParallel& ddp) const;
   double grad_norm_clipped(double max_norm);
   std::vector<Tensor> parameters() const;
 };
