@@ -55,7 +55,6 @@ void check_supported(const TrainConfig& c) {
                         "python -m tardelli.train runs it");
     }
   };
-  refuse(c.cp > 1, "--cp " + std::to_string(c.cp));
   refuse(c.ep > 1, "--ep " + std::to_string(c.ep));
   refuse(c.num_experts > 0, "--num-experts " + std::to_string(c.num_experts));
   refuse(c.fp8 != "none", "--fp8 " + c.fp8);
@@ -208,6 +207,11 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   d.micro_batch = c.micro_batch_size;
   d.dp_rank = grid_ ? grid_->coords().dp : 0;
   d.dp_size = dp_size_;
+  // Every tp/cp/pp rank of a replica reads the same samples; a cp rank keeps its tokens.
+  if (c.cp > 1) {
+    d.cp_rank = grid_->coords().cp;
+    d.cp_size = static_cast<int>(c.cp);
+  }
   data_ = std::make_unique<TrainData>(d);
 
   // ---- model (python: trainer.build_job) ----
@@ -566,6 +570,7 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     if (c.offload_optimizer) layout += " + optimizer offload";
     if (c.tp > 1) layout += ", tp " + std::to_string(c.tp);
     if (c.sequence_parallel) layout += " + sequence parallel";
+    if (c.cp > 1) layout += ", cp " + std::to_string(c.cp) + " (" + c.cp_comm + ")";
     if (c.pp > 1) {
       layout += ", pp " + std::to_string(c.pp) + " (" + c.schedule + ", vpp " +
                 std::to_string(c.vpp) + ")";

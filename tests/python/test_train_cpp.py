@@ -69,6 +69,11 @@ LAYOUTS = [
     (2, ["--zero", "1", "--offload-optimizer"]),
     (4, ["--zero", "3", "--pp", "2", "--global-batch-size", "4"]),
     (4, ["--zero", "3", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
+    (2, ["--cp", "2"]),
+    (2, ["--cp", "2", "--cp-comm", "a2a", "--arch", "llama", "--global-batch-size", "4"]),
+    (4, ["--cp", "2", "--zero", "1", "--global-batch-size", "8"]),
+    (4, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
+    (4, ["--cp", "2", "--pp", "2", "--global-batch-size", "4"]),
 ]
 
 
@@ -76,14 +81,17 @@ LAYOUTS = [
                          ids=[f"{n}-{'_'.join(e) or 'plain'}" for n, e in LAYOUTS])
 def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
     """Per-step loss, gradient norm, learning rate and validation loss are bitwise equal, and
-    both front ends describe the run alike (the summary's layout and parameter count)."""
+    both front ends describe the run alike (the layout line, the summary's layout and parameter
+    count)."""
     py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
     py = run_python(nproc, "tardelli.train", *MODEL, *extra, "--metrics-file", py_m)
     cpp = run_cpp(nproc, *MODEL, *extra, "--metrics-file", cpp_m)
     assert _history(cpp_m) == _history(py_m)
     a, b = _summary(py.stdout), _summary(cpp.stdout)
-    for k in ("event", "step", "params", "dp", "tp", "pp", "local_params", "loss", "val_loss",
-              "microbatches", "bubble_formula", "zero", "optimizer_state_bytes",
+    assert py.stdout.splitlines()[0].split("; GEMM")[0] == cpp.stdout.splitlines()[0].split(
+        "; GEMM")[0]  # the layout line
+    for k in ("event", "step", "params", "dp", "tp", "pp", "cp", "ep", "local_params", "loss",
+              "val_loss", "microbatches", "bubble_formula", "zero", "optimizer_state_bytes",
               "host_state_bytes"):
         assert a.get(k) == b.get(k), k
     assert len(metrics(cpp_m)) == 4
@@ -234,11 +242,11 @@ def test_bad_toml_names_the_file(tmp_path):
 
 
 def test_what_the_cpp_loop_lacks_is_refused_by_name(tmp_path):
-    """A feature only the Python trainer has (context parallelism here) is a clear error, not
-    a run that silently ignores the flag."""
-    cpp = run_cpp(2, *MODEL, "--cp", "2", check=False)
+    """A feature only the Python trainer has (FP8 here) is a clear error, not a run that
+    silently ignores the flag."""
+    cpp = run_cpp(2, *MODEL, "--fp8", "hybrid", check=False)
     assert cpp.returncode == 2, cpp.stderr
-    assert "--cp 2" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
+    assert "--fp8 hybrid" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
 
 
 def test_help_lists_every_flag():

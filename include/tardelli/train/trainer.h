@@ -25,9 +25,8 @@
 // (stragglers() below).
 //
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): context and expert parallelism and MoE, FP8 and per-layer
-// precision, gradient compression and two-level reductions, checkpoints (save/resume) and
-// supervised restarts.
+// tardelli.train runs them): expert parallelism and MoE, FP8 and per-layer precision, gradient
+// compression and two-level reductions, checkpoints (save/resume) and supervised restarts.
 #include <cstdint>
 #include <functional>
 #include <memory>
