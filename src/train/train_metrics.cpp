@@ -74,6 +74,7 @@ json::Value StepRecord::to_json() const {
   r.set("rank_compute_s", std::move(compute));
   r.set("rank_wait_s", std::move(wait));
   if (dp_comm_bytes) r.set("dp_comm_bytes", *dp_comm_bytes);
+  if (cross_node_bytes) r.set("cross_node_bytes", *cross_node_bytes);
   if (loss_scale) r.set("loss_scale", *loss_scale);
   if (skipped) r.set("skipped", *skipped);
   if (nonfinite_skips) r.set("nonfinite_skips", *nonfinite_skips);

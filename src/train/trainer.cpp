@@ -60,8 +60,6 @@ void check_supported(const TrainConfig& c) {
   refuse(c.fp8 != "none", "--fp8 " + c.fp8);
   refuse(c.precision_policy != "static", "--precision-policy " + c.precision_policy);
   refuse(!c.precision_map.empty(), "--precision-map");
-  refuse(c.grad_compression != "none", "--grad-compression " + c.grad_compression);
-  refuse(c.hierarchical_reduce, "--hierarchical-reduce");
   refuse(!c.save.empty(), "--save (checkpoints)");
   refuse(c.resume, "--resume");
   refuse(c.async_save, "--async-save");
@@ -104,6 +102,12 @@ double blocked_seconds(const std::vector<dist::CommPtr>& comms) {
   double s = 0;
   for (const auto& c : comms) s += c->stats().seconds;
   return s;
+}
+
+int64_t comm_bytes(const std::vector<dist::CommPtr>& comms) {
+  int64_t n = 0;
+  for (const auto& c : comms) n += c->stats().bytes;
+  return n;
 }
 
 int64_t prod(const Shape& s) {
@@ -306,6 +310,9 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
       if (std::find(comms_.begin(), comms_.end(), g) == comms_.end()) comms_.push_back(g);
     }
   }
+  for (const dist::CommPtr& g : reduce_comms_) {  // two-level reductions have their own
+    if (std::find(comms_.begin(), comms_.end(), g) == comms_.end()) comms_.push_back(g);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -383,8 +390,11 @@ StepRecord Trainer::train_step() {
   }
   reset_peak_memory_stats(device_);
   const double t0 = perf_s(), blocked0 = blocked_seconds(comms_);
-  const int64_t bytes0 = ddp_ ? ddp_->comm()->stats().bytes : 0;
+  const int64_t bytes0 = comm_bytes(reduce_comms_), cross0 = comm_bytes(cross_comms_);
   if (ddp_ != nullptr) ddp_->zero_grad();
+  for (const auto& comp : compressors_) {  // Note [Compression warm-up] (grad_compression.h)
+    comp->set_active(step_ >= c.compression_start_step);
+  }
   double loss_sum = 0;
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   // The factor backward is seeded with (x 1/accum): the loss scale, or inf on a step of
@@ -512,7 +522,11 @@ StepRecord Trainer::train_step() {
   rec.mfu = flops_per_step_ / dt / peak_;
   rec.mem_bytes = memory_stats(device_).peak_bytes;
   rec.peak_mem_bytes_max_rank = max_over_ranks(rec.mem_bytes, world_);
-  if (ddp_ != nullptr) rec.dp_comm_bytes = ddp_->comm()->stats().bytes - bytes0;
+  // Note [Reduction bytes] (python/tardelli/train/trainer.py).
+  if (!reduce_comms_.empty()) rec.dp_comm_bytes = comm_bytes(reduce_comms_) - bytes0;
+  if (c.hierarchical_reduce && !reduce_comms_.empty()) {
+    rec.cross_node_bytes = comm_bytes(cross_comms_) - cross0;
+  }
   if (scaler_ != nullptr) rec.loss_scale = loss_scale;
   if (scaler_ != nullptr || c.on_nonfinite == "skip") rec.skipped = !applied;
   if (c.on_nonfinite == "skip") rec.nonfinite_skips = skips_;

@@ -1,14 +1,18 @@
 // The training loop's gradient reduction and optimizer (python: the second half of
 // trainer.build_job): DDP, ZeRO-1/2 (DistributedOptimizer over the DDP), ZeRO-3
-// (FullyShardedDataParallel) and optimizer offload. Split from trainer.cpp.
+// (FullyShardedDataParallel), optimizer offload, two-level reductions (reduction_group()) and
+// gradient compression (make_compressor()). Split from trainer.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tardelli/core/error.h"
 #include "tardelli/distributed/fully_sharded.h"
+#include "tardelli/distributed/grad_compression.h"
+#include "tardelli/distributed/hierarchical.h"
 #include "tardelli/train/trainer.h"
 #include "train_util.h"
 
@@ -38,8 +42,53 @@ bool counts_in_norm(const models::GPT& m, const std::string& name, bool tp) {
 
 }  // namespace detail
 
+namespace {
+
+// Ranks per node as the launcher tells it (Open MPI, MPICH, SLURM), else `fallback`
+// (python: td.distributed.ranks_per_node_from_env).
+int ranks_per_node_from_env(int fallback) {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    const std::string s = v;
+    if (std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+        s.size() < 10 && std::stoi(s) > 0) {
+      return std::stoi(s);
+    }
+  }
+  return fallback;
+}
+
+}  // namespace
+
 dist::CommPtr Trainer::reduction_group(const std::string& axes) const {
-  return grid_->group(axes);
+  const dist::CommPtr& g = grid_->group(axes);
+  if (!cfg_.hierarchical_reduce) return g;
+  // Note [Two-level collectives] (distributed/hierarchical.h).
+  const int rpn = cfg_.ranks_per_node > 0 ? static_cast<int>(cfg_.ranks_per_node)
+                                          : ranks_per_node_from_env(world_->size());
+  return dist::hierarchical(g, dist::nodes_of(grid_->group_ranks(axes), rpn));
+}
+
+std::shared_ptr<dist::GradCompressor> Trainer::make_compressor() {
+  // Note [Error feedback] (distributed/grad_compression.h): each DDP keeps its own.
+  std::shared_ptr<dist::GradCompressor> out;
+  const auto seed = static_cast<uint64_t>(cfg_.seed);
+  if (cfg_.grad_compression == "powersgd") {
+    out = dist::powersgd_compressor(cfg_.powersgd_rank, seed);
+  } else if (cfg_.grad_compression == "topk" || cfg_.grad_compression == "randomk") {
+    out = dist::topk_compressor(cfg_.topk_ratio, cfg_.grad_compression == "randomk", seed);
+  }
+  if (out != nullptr) compressors_.push_back(out);
+  return out;
+}
+
+// The communicators a DDP's reductions run on (and their cross-node parts), each once.
+void Trainer::add_reduce_comm(const dist::CommPtr& g) {
+  if (std::find(reduce_comms_.begin(), reduce_comms_.end(), g) != reduce_comms_.end()) return;
+  reduce_comms_.push_back(g);
+  if (dist::CommPtr cross = dist::cross_node_group(g)) cross_comms_.push_back(cross);
 }
 
 std::vector<bool> Trainer::counted_in_norm(const dist::DistributedDataParallel& ddp) const {
@@ -77,10 +126,12 @@ void Trainer::build_reduction(const nn::NamedTensors& named,
     o.reduce_scatter = c.zero >= 1;
     o.shard_grads = c.zero == 2;
     if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
+    o.compressor = make_compressor();
     ddp_owned_ = std::make_unique<dist::DistributedDataParallel>(
         named, reduction_group(c.cp > 1 ? "dp-cp" : "dp"), o);
     ddp_ = ddp_owned_.get();
   }
+  if (ddp_ != nullptr) add_reduce_comm(ddp_->comm());
   if (c.zero > 0) {
     // Note [Optimizer offload] (distributed_optimizer.h): the shard's state in host memory.
     dist::ShardedOptimizerOptions so =

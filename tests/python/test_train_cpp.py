@@ -48,8 +48,10 @@ def _summary(stdout):
 
 
 def _history(path):
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"))
-            for r in metrics(path)]
+    """Per step: the numbers both front ends must agree on bitwise (the bytes handed to the
+    gradient reduction too: the same buckets, compressed alike)."""
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"),
+             r.get("dp_comm_bytes"), r.get("cross_node_bytes")) for r in metrics(path)]
 
 
 LAYOUTS = [
@@ -74,6 +76,16 @@ LAYOUTS = [
     (4, ["--cp", "2", "--zero", "1", "--global-batch-size", "8"]),
     (4, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
     (4, ["--cp", "2", "--pp", "2", "--global-batch-size", "4"]),
+    (4, ["--hierarchical-reduce", "--ranks-per-node", "2", "--zero", "1",
+         "--global-batch-size", "8"]),
+    (2, ["--hierarchical-reduce", "--ranks-per-node", "1", "--zero", "3"]),
+    (2, ["--hierarchical-reduce", "--ranks-per-node", "1", "--grad-compression", "powersgd",
+         "--powersgd-rank", "2"]),
+    (2, ["--grad-compression", "powersgd", "--powersgd-rank", "2", "--compression-start-step",
+         "2", "--global-batch-size", "8"]),
+    (2, ["--grad-compression", "topk", "--topk-ratio", "0.1", "--zero", "1",
+         "--compression-start-step", "1"]),
+    (2, ["--grad-compression", "randomk", "--topk-ratio", "0.2"]),
 ]
 
 

@@ -25,8 +25,8 @@
 // (stragglers() below).
 //
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): expert parallelism and MoE, FP8 and per-layer precision, gradient
-// compression and two-level reductions, checkpoints (save/resume) and supervised restarts.
+// tardelli.train runs them): expert parallelism and MoE, FP8 and per-layer precision,
+// checkpoints (save/resume) and supervised restarts.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,6 +64,7 @@ struct StepRecord {
   int64_t peak_mem_bytes_max_rank = 0;
   std::vector<double> rank_compute_s, rank_wait_s;  // per world rank (Note [Straggler report])
   std::optional<int64_t> dp_comm_bytes;             // bytes handed to the gradient reduction
+  std::optional<int64_t> cross_node_bytes;          // --hierarchical-reduce: of those, across nodes
   std::optional<double> loss_scale;                 // fp16
   std::optional<bool> skipped;             // fp16 or --on-nonfinite skip: the update was skipped
   std::optional<int64_t> nonfinite_skips;  // --on-nonfinite skip: steps skipped so far
@@ -127,6 +128,11 @@ class Trainer {
   distributed::DistributedDataParallel* ddp() const { return ddp_; }
   // ZeRO-3's parameter sharding; null otherwise.
   distributed::FullyShardedDataParallel* fsdp() const { return fsdp_.get(); }
+  // The --grad-compression compressors, one per DDP (their error feedback is per-rank state a
+  // checkpoint keeps); empty without compression.
+  const std::vector<std::shared_ptr<distributed::GradCompressor>>& compressors() const {
+    return compressors_;
+  }
   // Parameters of the whole logical model (a pipeline counts every stage, gpt2's tied table
   // once); model FLOPs of one step.
   int64_t num_parameters() const { return n_params_; }
@@ -174,6 +180,9 @@ class Trainer {
   std::unique_ptr<distributed::DistributedDataParallel> ddp_owned_;  // without ZeRO-3
   distributed::DistributedDataParallel* ddp_ = nullptr;              // either one's DDP
   std::unique_ptr<distributed::DistributedOptimizer> zero_opt_;
+  std::vector<std::shared_ptr<distributed::GradCompressor>> compressors_;  // one per DDP
+  // The gradient reductions' communicators, and their cross-node groups (--hierarchical-reduce).
+  std::vector<distributed::CommPtr> reduce_comms_, cross_comms_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;
   distributed::CommPtr mp_group_;  // tp, or tp-pp with pipelining; null without model parallelism
@@ -190,8 +199,12 @@ class Trainer {
   // The DDP (or ZeRO-3's FSDP) and the optimizer over `named` (src/train/trainer_reduction.cpp).
   void build_reduction(const nn::NamedTensors& named, const std::vector<optim::ParamGroup>& groups,
                        const optim::AdamWOptions& defaults);
-  // The group a gradient reduction over `axes` runs on.
+  // The group a gradient reduction over `axes` runs on: grid_->group(axes), two-level with
+  // --hierarchical-reduce (a new communicator, collective over the group).
   distributed::CommPtr reduction_group(const std::string& axes) const;
+  // A fresh --grad-compression compressor for one DDP (null for none).
+  std::shared_ptr<distributed::GradCompressor> make_compressor();
+  void add_reduce_comm(const distributed::CommPtr& g);
   // Per parameter of `ddp`: whether it counts in the gradient norm on this rank.
   std::vector<bool> counted_in_norm(const distributed::DistributedDataParallel& ddp) const;
   double grad_norm_clipped(double max_norm);
