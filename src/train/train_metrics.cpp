@@ -15,6 +15,7 @@
 #include "py_format.h"
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/core/error.h"
+#include "tardelli/models/gpt.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/matmul.h"
 #include "tardelli/train/trainer.h"
@@ -51,6 +52,47 @@ std::string with_commas(double v) {
   return (n < 0 ? "-" : "") + out;
 }
 
+namespace {
+
+int64_t prod(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+int64_t stage_layers(const models::GPT& m) {
+  const models::GPTStage& s = m.stage();
+  return s.num_layers < 0 ? m.config().n_layer - s.first_layer : s.num_layers;
+}
+
+}  // namespace
+
+double chunk_flops(const models::GPT& m, int64_t batch, int64_t seq) {
+  const models::GPTConfig& c = m.config();
+  double n = 0;
+  for (const auto& [name, t] : m.named_parameters()) {
+    const Shape shape = m.full_shape(name);
+    if (shape.size() < 2 || name == "wte.weight" || name == "wpe.weight") continue;
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      n += static_cast<double>(prod(shape) * c.moe_top_k / c.num_experts);
+    } else {
+      n += static_cast<double>(prod(shape));
+    }
+  }
+  if (c.arch == models::Arch::GPT2 && m.stage().post) {
+    n += static_cast<double>(c.vocab_size * c.d_model);
+  }
+  const double tokens = static_cast<double>(batch * seq);
+  return 6 * n * tokens + 6.0 * static_cast<double>(stage_layers(m)) * tokens *
+                              static_cast<double>(seq) * static_cast<double>(c.d_model);
+}
+
+int64_t logical_params(const models::GPT& m) {
+  int64_t n = 0;
+  for (const auto& [name, t] : m.named_parameters()) n += prod(m.full_shape(name));
+  return n;
+}
+
 }  // namespace detail
 
 using detail::fmt;
@@ -75,6 +117,13 @@ json::Value StepRecord::to_json() const {
   r.set("rank_wait_s", std::move(wait));
   if (dp_comm_bytes) r.set("dp_comm_bytes", *dp_comm_bytes);
   if (cross_node_bytes) r.set("cross_node_bytes", *cross_node_bytes);
+  if (moe) {
+    r.set("moe_aux_loss", moe->aux_loss);
+    r.set("moe_z_loss", moe->z_loss);
+    r.set("moe_max_load", moe->max_load);
+    r.set("moe_mean_load", moe->mean_load);
+    r.set("moe_dropped_tokens", moe->dropped_tokens);
+  }
   if (loss_scale) r.set("loss_scale", *loss_scale);
   if (skipped) r.set("skipped", *skipped);
   if (nonfinite_skips) r.set("nonfinite_skips", *nonfinite_skips);
@@ -91,6 +140,11 @@ std::string format_log_line(const StepRecord& r, int64_t steps) {
                      with_commas(r.tokens_per_s) + " tok/s | mfu " + fmt("%.1f", 100 * r.mfu) +
                      "% | mem " + fmt("%.0f", static_cast<double>(r.mem_bytes) / (1 << 20)) +
                      " MiB";
+  if (r.moe) {
+    line += " | moe aux " + fmt("%.3f", r.moe->aux_loss) + " z " + fmt("%.3f", r.moe->z_loss) +
+            " max load " + fmt("%.2f", r.moe->max_load) + "x dropped " +
+            std::to_string(r.moe->dropped_tokens);
+  }
   if (r.loss_scale) {
     line += " | loss scale " + fmt("%g", *r.loss_scale) +
             (r.skipped.value_or(false) ? " (skipped)" : "");

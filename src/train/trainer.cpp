@@ -23,6 +23,7 @@
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/reduction.h"
 #include "tardelli/optim/lr_schedule.h"
+#include "tardelli/parallel/expert_parallel.h"
 #include "tardelli/parallel/parallelize.h"
 #include "tardelli/train/metrics_file.h"
 #include "train_util.h"
@@ -30,8 +31,9 @@
 namespace td::train {
 
 namespace dist = td::distributed;
-using detail::counts_in_norm;
+using detail::chunk_flops;
 using detail::fmt;
+using detail::logical_params;
 using detail::now_s;
 using detail::perf_s;
 
@@ -55,8 +57,6 @@ void check_supported(const TrainConfig& c) {
                         "python -m tardelli.train runs it");
     }
   };
-  refuse(c.ep > 1, "--ep " + std::to_string(c.ep));
-  refuse(c.num_experts > 0, "--num-experts " + std::to_string(c.num_experts));
   refuse(c.fp8 != "none", "--fp8 " + c.fp8);
   refuse(c.precision_policy != "static", "--precision-policy " + c.precision_policy);
   refuse(!c.precision_map.empty(), "--precision-map");
@@ -110,45 +110,6 @@ int64_t comm_bytes(const std::vector<dist::CommPtr>& comms) {
   return n;
 }
 
-int64_t prod(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-
-int64_t stage_layers(const models::GPT& m) {
-  const models::GPTStage& s = m.stage();
-  return s.num_layers < 0 ? m.config().n_layer - s.first_layer : s.num_layers;
-}
-
-// Model FLOPs of one training step of this chunk on batch x seq tokens (GPT.flops_per_step in
-// python/tardelli/models.py: 6 x tokens x matmul weights + causal attention).
-double chunk_flops(const models::GPT& m, int64_t batch, int64_t seq) {
-  const models::GPTConfig& c = m.config();
-  double n = 0;
-  for (const auto& [name, t] : m.named_parameters()) {
-    const Shape shape = m.full_shape(name);
-    if (shape.size() < 2 || name == "wte.weight" || name == "wpe.weight") continue;
-    if (name.find(".mlp.experts.") != std::string::npos) {
-      n += static_cast<double>(prod(shape) * c.moe_top_k / c.num_experts);
-    } else {
-      n += static_cast<double>(prod(shape));
-    }
-  }
-  if (c.arch == models::Arch::GPT2 && m.stage().post) {
-    n += static_cast<double>(c.vocab_size * c.d_model);
-  }
-  const double tokens = static_cast<double>(batch * seq);
-  return 6 * n * tokens + 6.0 * static_cast<double>(stage_layers(m)) * tokens *
-                              static_cast<double>(seq) * static_cast<double>(c.d_model);
-}
-
-int64_t logical_params(const models::GPT& m) {
-  int64_t n = 0;
-  for (const auto& [name, t] : m.named_parameters()) n += prod(m.full_shape(name));
-  return n;
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
@@ -189,7 +150,9 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     dims.pp = static_cast<int>(c.pp);
     dims.dp = static_cast<int>(dp_size_);
     dims.ep = static_cast<int>(c.ep);
-    grid_ = std::make_unique<dist::ProcessGrid>(world_, dims);
+    // Expert parallelism: the experts' norm group (Note [Expert layout] in process_grid.h).
+    grid_ = std::make_unique<dist::ProcessGrid>(
+        world_, dims, c.ep > 1 ? std::vector<std::string>{"tp-ep-pp"} : std::vector<std::string>{});
   }
   accum_ = train::accumulation_steps(c, dp_size_);
   global_batch_ = c.micro_batch_size * dp_size_ * accum_;
@@ -230,6 +193,15 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   mcfg_.dropout = c.dropout;
   mcfg_.dtype = compute_dtype(c.dtype);
   mcfg_.seed = static_cast<uint64_t>(c.seed);
+  mcfg_.num_experts = c.num_experts;
+  mcfg_.moe_top_k = c.moe_top_k;
+  mcfg_.moe_ffn_hidden = c.moe_ffn_hidden;
+  mcfg_.moe_layer_freq = c.moe_layer_freq;
+  mcfg_.moe_shared_experts = c.moe_shared_experts;
+  mcfg_.moe_aux_loss_coeff = c.moe_aux_loss_coeff;
+  mcfg_.moe_z_loss_coeff = c.moe_z_loss_coeff;
+  mcfg_.moe_router_bias_update_rate = c.moe_router_bias_update_rate;
+  mcfg_.moe_capacity_factor = c.moe_capacity_factor;
   // Note [Parallelize step]: every parameter is drawn from the seed, then each rank keeps its
   // tensor-parallel shards: the same logical model for every layout.
   if (c.pp > 1) {
@@ -245,6 +217,10 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     po.cp_comm = c.cp_comm == "a2a" ? parallel::CPComm::AllToAll : parallel::CPComm::Ring;
     for (auto& ch : chunks_) parallel::apply_parallelism(*ch, grid_->tp(), grid_->cp(), po);
   }
+  if (c.ep > 1) {
+    // Each rank keeps num_experts / ep experts, routing tokens to the others' by all-to-all.
+    for (auto& ch : chunks_) parallel::apply_expert_parallel(*ch, grid_->ep());
+  }
   for (auto& ch : chunks_) {
     models::RecomputeOptions r;
     r.mode = models::parse_recompute(c.recompute);
@@ -254,6 +230,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     if (!device_.is_cpu()) ch->to(device_);
   }
   if (c.tp > 1 || c.pp > 1) mp_group_ = c.pp > 1 ? grid_->tp_pp() : grid_->tp();
+  if (c.ep > 1) expert_group_ = grid_->group("tp-ep-pp");
 
   nn::NamedTensors named;
   std::vector<optim::ParamGroup> groups(2);
@@ -335,51 +312,6 @@ std::vector<Tensor> Trainer::parameters() const {
   return out;
 }
 
-double Trainer::grad_norm_clipped(double max_norm) {
-  if (zero_opt_ != nullptr) {
-    return std::isfinite(max_norm) ? zero_opt_->clip_grad_norm(max_norm) : zero_opt_->grad_norm();
-  }
-  autograd::NoGradGuard no_grad;
-  if (mp_group_ != nullptr) {
-    // The full model's norm under a model-parallel layout (model_parallel.clip_grad_norm_): each
-    // counted gradient's sum of squares in fp32, added in double, summed over tp-pp.
-    const bool tp = cfg_.tp > 1;
-    double local = 0;
-    for (const auto& ch : chunks_) {
-      for (const auto& [name, p] : ch->named_parameters()) {
-        const Tensor g = p.grad();
-        if (!g.defined() || !counts_in_norm(*ch, name, tp)) continue;
-        local += sum(mul(g, g)).item<double>();
-      }
-    }
-    const double total = mp_group_->size() > 1 ? dist::sum_over_ranks(local, mp_group_) : local;
-    const double norm = std::sqrt(total);
-    if (std::isfinite(norm) && std::isfinite(max_norm)) {
-      const double coef = max_norm / (norm + 1e-6);
-      if (coef < 1.0) {
-        for (const Tensor& p : parameters()) {
-          Tensor g = p.grad();
-          if (g.defined()) mul_(g, coef);
-        }
-      }
-    }
-    return norm;
-  }
-  // One process: torch's clip_grad_norm_ (td.nn.utils): the norm of the per-tensor fp32 norms,
-  // and the coefficient max_norm / (norm + 1e-6) clamped to 1 computed as an fp32 tensor.
-  TensorList grads;
-  for (const Tensor& p : parameters()) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  if (grads.empty()) return 0.0;
-  TensorList norms;
-  for (const Tensor& g : grads) norms.push_back(norm(g.detach().to(DType::Float32)));
-  const Tensor total = norm(stack(norms, 0));
-  const double coef = clamp(rdiv(add(total, 1e-6), max_norm), std::nullopt, 1.0).item<double>();
-  for (Tensor& g : grads) mul_(g, coef);
-  return total.item<double>();
-}
-
 StepRecord Trainer::train_step() {
   const TrainConfig& c = cfg_;
   const double lr = lr_at(step_);
@@ -388,12 +320,20 @@ StepRecord Trainer::train_step() {
   } else {
     for (auto& g : adamw_->param_groups()) g.lr = lr;
   }
+  if (expert_opt_ != nullptr) {
+    for (auto& g : expert_opt_->param_groups()) g.lr = lr;
+  }
   reset_peak_memory_stats(device_);
   const double t0 = perf_s(), blocked0 = blocked_seconds(comms_);
   const int64_t bytes0 = comm_bytes(reduce_comms_), cross0 = comm_bytes(cross_comms_);
-  if (ddp_ != nullptr) ddp_->zero_grad();
+  const std::vector<dist::DistributedDataParallel*> ddps = ddp_parts();
+  for (dist::DistributedDataParallel* d : ddps) d->zero_grad();
   for (const auto& comp : compressors_) {  // Note [Compression warm-up] (grad_compression.h)
     comp->set_active(step_ >= c.compression_start_step);
+  }
+  const bool moe = mcfg_.num_experts > 0;
+  if (moe) {
+    for (auto& ch : chunks_) ch->reset_moe_stats();  // the step's statistics: all micro-batches
   }
   double loss_sum = 0;
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
@@ -408,15 +348,22 @@ StepRecord Trainer::train_step() {
       if (!device_.is_cpu()) b = {b.input.to(device_), b.target.to(device_)};
       batches.push_back(std::move(b));
     }
-    const bool prev = ddp_->is_last_microbatch();
-    ddp_->set_last_microbatch(false);
+    // The schedule interleaves the micro-batches; the DDP reduction runs once after it.
+    std::vector<bool> prev;
+    for (dist::DistributedDataParallel* d : ddps) {
+      prev.push_back(d->is_last_microbatch());
+      d->set_last_microbatch(false);
+    }
+    auto restore = [&] {
+      for (size_t i = 0; i < ddps.size(); ++i) ddps[i]->set_last_microbatch(prev[i]);
+    };
     try {
       loss_sum = pipe_->step(batches, backward_seed) * static_cast<double>(accum_);
     } catch (...) {
-      ddp_->set_last_microbatch(prev);
+      restore();
       throw;
     }
-    ddp_->set_last_microbatch(prev);
+    restore();
   } else {
     for (int64_t m = 0; m < accum_; ++m) {
       MicroBatch b = loader_->next();
@@ -425,18 +372,16 @@ StepRecord Trainer::train_step() {
       const Tensor scaled = accum_ == 1 && backward_seed == 1.0
                                 ? loss
                                 : mul(loss, backward_seed / static_cast<double>(accum_));
-      if (ddp_ != nullptr) ddp_->set_last_microbatch(m == accum_ - 1);
+      for (dist::DistributedDataParallel* d : ddps) d->set_last_microbatch(m == accum_ - 1);
       autograd::backward({scaled}, {});
       loss_sum += loss.item<double>();
     }
-    if (ddp_ != nullptr) ddp_->set_last_microbatch(true);
+    for (dist::DistributedDataParallel* d : ddps) d->set_last_microbatch(true);
   }
   // --inject-nonfinite-loss: the gradients stay finite.
   if (inject_loss_.count(step_ + 1)) loss_sum = std::numeric_limits<double>::quiet_NaN();
-  if (ddp_ != nullptr) {
-    ddp_->finish_grad_sync();
-    if (pipe_ != nullptr && c.zero >= 2) pipe_->sync_tied_embedding_shard(*ddp_);
-  }
+  for (dist::DistributedDataParallel* d : ddps) d->finish_grad_sync();
+  if (ddp_ != nullptr && pipe_ != nullptr && c.zero >= 2) pipe_->sync_tied_embedding_shard(*ddp_);
   const double max_norm = c.clip_grad > 0 ? c.clip_grad : kInf;
   bool applied = true;
   double grad_norm = 0;
@@ -451,6 +396,7 @@ StepRecord Trainer::train_step() {
       grad_norm = scaled_norm / loss_scale;
       if (zero_opt_ != nullptr) {
         zero_opt_->scale_grads(factor);
+        if (expert_opt_ != nullptr) expert_opt_->scale_grads(factor);
       } else {
         autograd::NoGradGuard no_grad;
         for (const Tensor& p : parameters()) {
@@ -483,8 +429,12 @@ StepRecord Trainer::train_step() {
   if (applied) {
     if (zero_opt_ != nullptr) {
       zero_opt_->step();
+      if (expert_opt_ != nullptr) expert_opt_->step();
     } else {
       adamw_->step();
+    }
+    if (moe && mcfg_.moe_router_bias_update_rate > 0) {
+      for (auto& ch : chunks_) detail::update_moe_router_bias(*ch, dp_group());
     }
   }
   if (ddp_ == nullptr) adamw_->zero_grad(true);
@@ -514,6 +464,14 @@ StepRecord Trainer::train_step() {
       rec.rank_wait_s.push_back(flat[2 * r + 1]);
     }
   }
+  if (moe) {
+    // `loss` stays the cross-entropy, comparable with a dense run's and with val_loss; the
+    // auxiliary terms are reported apart (Note [MoE metrics] in trainer.py).
+    const detail::MoEStep m = detail::moe_step_metrics(chunks_, loss_sum, accum_, dp_group(),
+                                                       c.pp > 1 ? grid_->pp() : nullptr);
+    loss_sum = m.lm_loss * static_cast<double>(accum_);
+    rec.moe = m.metrics;
+  }
   rec.loss = mean_over_ranks(loss_sum / static_cast<double>(accum_), world_);
   rec.lr = lr;
   rec.grad_norm = grad_norm;
@@ -526,6 +484,10 @@ StepRecord Trainer::train_step() {
   if (!reduce_comms_.empty()) rec.dp_comm_bytes = comm_bytes(reduce_comms_) - bytes0;
   if (c.hierarchical_reduce && !reduce_comms_.empty()) {
     rec.cross_node_bytes = comm_bytes(cross_comms_) - cross0;
+  }
+  if (rec.moe) {
+    rec.moe->aux_loss = mean_over_ranks(rec.moe->aux_loss, world_);
+    rec.moe->z_loss = mean_over_ranks(rec.moe->z_loss, world_);
   }
   if (scaler_ != nullptr) rec.loss_scale = loss_scale;
   if (scaler_ != nullptr || c.on_nonfinite == "skip") rec.skipped = !applied;
@@ -589,6 +551,7 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
       layout += ", pp " + std::to_string(c.pp) + " (" + c.schedule + ", vpp " +
                 std::to_string(c.vpp) + ")";
     }
+    if (c.ep > 1) layout += ", ep " + std::to_string(c.ep);
     say("train: " + c.arch + " " + std::to_string(c.layers) + " layers, d_model " +
         std::to_string(c.d_model) + ", " + std::to_string(c.heads) + " heads, vocab " +
         std::to_string(data_->vocab_size()) + ", " +
@@ -657,11 +620,30 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     s.set("peak_mem_bytes_max_rank", peak_max_rank);
     s.set("mem_current_bytes", memory_stats(device_).current_bytes);
     if (c.zero) {
+      int64_t state = zero_opt_->optimizer_state_bytes(), host = zero_opt_->host_state_bytes();
+      if (expert_opt_ != nullptr) {
+        state += expert_opt_->optimizer_state_bytes();
+        host += expert_opt_->host_state_bytes();
+      }
+      int64_t buffers = 0;
+      for (const dist::DistributedDataParallel* d : ddp_parts()) {
+        buffers += d->grad_buffer_bytes();
+      }
       s.set("zero", c.zero);
-      s.set("optimizer_state_bytes", zero_opt_->optimizer_state_bytes());
-      s.set("host_state_bytes", zero_opt_->host_state_bytes());
-      s.set("grad_buffer_bytes", ddp_->grad_buffer_bytes());
+      s.set("optimizer_state_bytes", state);
+      s.set("host_state_bytes", host);
+      s.set("grad_buffer_bytes", buffers);
     }
+  }
+  if (mcfg_.num_experts > 0) {
+    s.set("num_experts", mcfg_.num_experts);
+    int64_t layers = 0;
+    for (const auto& ch : chunks_) layers += static_cast<int64_t>(ch->moe_router_load().size());
+    if (c.pp > 1) {
+      layers = static_cast<int64_t>(dist::sum_over_ranks(static_cast<double>(layers), grid_->pp()));
+    }
+    s.set("moe_layers", layers);
+    s.set("moe_bias_replicated", detail::moe_bias_replicated(chunks_, dp_group()));
   }
   if (c.on_nonfinite == "skip") s.set("nonfinite_skips", skips_);
   if (scaler_ != nullptr) {

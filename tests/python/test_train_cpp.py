@@ -51,7 +51,13 @@ def _history(path):
     """Per step: the numbers both front ends must agree on bitwise (the bytes handed to the
     gradient reduction too: the same buckets, compressed alike)."""
     return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"),
-             r.get("dp_comm_bytes"), r.get("cross_node_bytes")) for r in metrics(path)]
+             r.get("dp_comm_bytes"), r.get("cross_node_bytes"), *[r.get(k) for k in MOE_KEYS])
+            for r in metrics(path)]
+
+
+MOE_KEYS = ("moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_mean_load", "moe_dropped_tokens")
+MOE = ["--num-experts", "4", "--moe-top-k", "2", "--moe-z-loss-coeff", "1e-3",
+       "--moe-router-bias-update-rate", "1e-2"]
 
 
 LAYOUTS = [
@@ -86,6 +92,13 @@ LAYOUTS = [
     (2, ["--grad-compression", "topk", "--topk-ratio", "0.1", "--zero", "1",
          "--compression-start-step", "1"]),
     (2, ["--grad-compression", "randomk", "--topk-ratio", "0.2"]),
+    (1, [*MOE, "--moe-capacity-factor", "0.5", "--moe-shared-experts", "1"]),
+    (2, [*MOE, "--arch", "llama", "--global-batch-size", "8"]),
+    (2, [*MOE, "--ep", "2"]),
+    (2, [*MOE, "--ep", "2", "--zero", "1", "--clip-grad", "0.05"]),
+    (2, [*MOE, "--pp", "2", "--global-batch-size", "4", "--moe-layer-freq", "2"]),
+    (4, [*MOE, "--ep", "2", "--tp", "2"]),
+    (4, [*MOE, "--ep", "2", "--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
 ]
 
 
@@ -104,7 +117,8 @@ def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
         "; GEMM")[0]  # the layout line
     for k in ("event", "step", "params", "dp", "tp", "pp", "cp", "ep", "local_params", "loss",
               "val_loss", "microbatches", "bubble_formula", "zero", "optimizer_state_bytes",
-              "host_state_bytes"):
+              "host_state_bytes", "grad_buffer_bytes", "num_experts", "moe_layers",
+              "moe_bias_replicated"):
         assert a.get(k) == b.get(k), k
     assert len(metrics(cpp_m)) == 4
 

@@ -22,11 +22,15 @@
 //
 // --on-nonfinite skip agrees on a non-finite loss or gradient norm over every rank and skips the
 // update (Note [Non-finite steps] in python/tardelli/train/trainer.py); run() logs stragglers
-// (stragglers() below).
+// (stragglers() below). MoE: the step resets the statistics, applies the router-bias step after
+// the update (loads summed over dp) and reports the cross-entropy as the loss with the moe_*
+// metrics apart (Note [MoE metrics]); expert parallelism reduces and updates the experts with
+// their own DDP and optimizer (Note [Expert gradients] in python/tardelli/distributed/
+// expert_parallel.py).
 //
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): expert parallelism and MoE, FP8 and per-layer precision,
-// checkpoints (save/resume) and supervised restarts.
+// tardelli.train runs them): FP8 and per-layer precision, checkpoints (save/resume), supervised
+// restarts and --plan auto.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +55,15 @@
 
 namespace td::train {
 
+// A mixture-of-experts step's statistics (Note [MoE metrics] in python/tardelli/train/
+// trainer.py): unscaled aux and z losses (means over layers, forwards and ranks), the busiest
+// expert's load over the mean (max over layers, and the mean over layers), token-slots dropped
+// by the capacity (summed over layers and dp ranks).
+struct MoEMetrics {
+  double aux_loss = 0, z_loss = 0, max_load = 0, mean_load = 0;
+  int64_t dropped_tokens = 0;
+};
+
 // One optimizer step's metrics: the row python -m tardelli.train writes to --metrics-file.
 struct StepRecord {
   int64_t step = 0;      // steps done after this one (1-based)
@@ -65,6 +78,7 @@ struct StepRecord {
   std::vector<double> rank_compute_s, rank_wait_s;  // per world rank (Note [Straggler report])
   std::optional<int64_t> dp_comm_bytes;             // bytes handed to the gradient reduction
   std::optional<int64_t> cross_node_bytes;          // --hierarchical-reduce: of those, across nodes
+  std::optional<MoEMetrics> moe;                    // --num-experts: the moe_* keys
   std::optional<double> loss_scale;                 // fp16
   std::optional<bool> skipped;             // fp16 or --on-nonfinite skip: the update was skipped
   std::optional<int64_t> nonfinite_skips;  // --on-nonfinite skip: steps skipped so far
@@ -124,10 +138,19 @@ class Trainer {
   // This rank's model chunks (one without pipelining).
   const std::vector<std::shared_ptr<models::GPT>>& chunks() const { return chunks_; }
   parallel::PipelineRuntime* pipeline() const { return pipe_.get(); }
-  // The gradient reduction (ZeRO-3: the FSDP's); null for one plain process.
+  // The gradient reduction (ZeRO-3: the FSDP's; expert parallelism: the dense parameters');
+  // null for one plain process.
   distributed::DistributedDataParallel* ddp() const { return ddp_; }
   // ZeRO-3's parameter sharding; null otherwise.
   distributed::FullyShardedDataParallel* fsdp() const { return fsdp_.get(); }
+  // Expert parallelism: the experts' gradient reduction and (ZeRO) sharded optimizer; null
+  // otherwise.
+  distributed::DistributedDataParallel* expert_ddp() const { return expert_ddp_.get(); }
+  distributed::DistributedOptimizer* expert_optimizer() const { return expert_opt_.get(); }
+  // The sharded optimizer (ZeRO; the dense parameters' under expert parallelism) or the AdamW
+  // (without ZeRO); the other is null.
+  distributed::DistributedOptimizer* sharded_optimizer() const { return zero_opt_.get(); }
+  optim::AdamW* adamw() const { return adamw_.get(); }
   // The --grad-compression compressors, one per DDP (their error feedback is per-rank state a
   // checkpoint keeps); empty without compression.
   const std::vector<std::shared_ptr<distributed::GradCompressor>>& compressors() const {
@@ -179,7 +202,12 @@ class Trainer {
   std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;      // ZeRO-3
   std::unique_ptr<distributed::DistributedDataParallel> ddp_owned_;  // without ZeRO-3
   distributed::DistributedDataParallel* ddp_ = nullptr;              // either one's DDP
-  std::unique_ptr<distributed::DistributedOptimizer> zero_opt_;
+  // Expert parallelism (Note [Expert gradients] in python/tardelli/distributed/
+  // expert_parallel.py): ddp_ holds the dense parameters, expert_ddp_ the experts' (over edp,
+  // 1 / ep), each with its own sharded optimizer under ZeRO.
+  std::unique_ptr<distributed::DistributedDataParallel> expert_ddp_;
+  distributed::CommPtr expert_group_;  // tp-ep-pp: the experts' part of the gradient norm
+  std::unique_ptr<distributed::DistributedOptimizer> zero_opt_, expert_opt_;
   std::vector<std::shared_ptr<distributed::GradCompressor>> compressors_;  // one per DDP
   // The gradient reductions' communicators, and their cross-node groups (--hierarchical-reduce).
   std::vector<distributed::CommPtr> reduce_comms_, cross_comms_;
@@ -205,8 +233,13 @@ class Trainer {
   // A fresh --grad-compression compressor for one DDP (null for none).
   std::shared_ptr<distributed::GradCompressor> make_compressor();
   void add_reduce_comm(const distributed::CommPtr& g);
+  // The DDPs of the step: ddp_ and, under expert parallelism, expert_ddp_ (none for one
+  // process).
+  std::vector<distributed::DistributedDataParallel*> ddp_parts() const;
   // Per parameter of `ddp`: whether it counts in the gradient norm on this rank.
   std::vector<bool> counted_in_norm(const distributed::DistributedDataParallel& ddp) const;
+  // The data-parallel group (null for one plain process).
+  distributed::CommPtr dp_group() const { return grid_ != nullptr ? grid_->dp() : nullptr; }
   double grad_norm_clipped(double max_norm);
   std::vector<Tensor> parameters() const;
 };
