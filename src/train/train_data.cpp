@@ -11,6 +11,7 @@
 #include "tardelli/data/indexed_dataset.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/join.h"
+#include "tardelli/parallel/context_parallel.h"
 
 namespace td::train {
 
@@ -67,6 +68,20 @@ MicroBatch SyntheticBatches::next() {
 DatasetBatches::DatasetBatches(std::shared_ptr<const data::GPTDataset> dataset, int64_t micro_batch,
                                int64_t dp_rank, int64_t dp_size, int64_t consumed_samples)
     : loader_(std::move(dataset), micro_batch, dp_rank, dp_size, consumed_samples) {}
+
+ContextParallelBatches::ContextParallelBatches(std::unique_ptr<BatchSource> source, int cp_rank,
+                                               int cp_size)
+    : source_(std::move(source)), rank_(cp_rank), size_(cp_size) {
+  TD_CHECK(source_ != nullptr && cp_size >= 1 && cp_rank >= 0 && cp_rank < cp_size,
+           "ContextParallelBatches: bad source or cp rank ", cp_rank, " of ", cp_size);
+}
+
+MicroBatch ContextParallelBatches::next() {
+  const MicroBatch b = source_->next();
+  if (size_ == 1) return b;
+  return {parallel::zigzag_slice(b.input, 1, rank_, size_),
+          parallel::zigzag_slice(b.target, 1, rank_, size_)};
+}
 
 MicroBatch DatasetBatches::next() {
   return cut(loader_.next());
@@ -125,21 +140,29 @@ TrainData::TrainData(DataOptions options) : o_(std::move(options)) {
 }
 
 std::unique_ptr<BatchSource> TrainData::train_loader(int64_t consumed_samples) const {
+  std::unique_ptr<BatchSource> out;
   if (o_.synthetic) {
-    return std::make_unique<SyntheticBatches>(vocab_size_, o_.seq_len, o_.seed, o_.micro_batch,
-                                              o_.dp_rank, o_.dp_size, consumed_samples);
+    out = std::make_unique<SyntheticBatches>(vocab_size_, o_.seq_len, o_.seed, o_.micro_batch,
+                                             o_.dp_rank, o_.dp_size, consumed_samples);
+  } else {
+    out = std::make_unique<DatasetBatches>(train_, o_.micro_batch, o_.dp_rank, o_.dp_size,
+                                           consumed_samples);
   }
-  return std::make_unique<DatasetBatches>(train_, o_.micro_batch, o_.dp_rank, o_.dp_size,
-                                          consumed_samples);
+  return on_cp(std::move(out));
 }
 
 std::unique_ptr<BatchSource> TrainData::valid_loader() const {
   if (o_.synthetic) {
-    return std::make_unique<SyntheticBatches>(vocab_size_, o_.seq_len, o_.seed + 1, o_.micro_batch,
-                                              o_.dp_rank, o_.dp_size, 0);
+    return on_cp(std::make_unique<SyntheticBatches>(vocab_size_, o_.seq_len, o_.seed + 1,
+                                                    o_.micro_batch, o_.dp_rank, o_.dp_size, 0));
   }
   if (valid_ == nullptr) return nullptr;
-  return std::make_unique<DatasetBatches>(valid_, o_.micro_batch, o_.dp_rank, o_.dp_size, 0);
+  return on_cp(std::make_unique<DatasetBatches>(valid_, o_.micro_batch, o_.dp_rank, o_.dp_size, 0));
+}
+
+std::unique_ptr<BatchSource> TrainData::on_cp(std::unique_ptr<BatchSource> source) const {
+  if (o_.cp_size == 1) return source;
+  return std::make_unique<ContextParallelBatches>(std::move(source), o_.cp_rank, o_.cp_size);
 }
 
 }  // namespace td::train

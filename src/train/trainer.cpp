@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "py_format.h"
 #include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/core/allocator.h"
@@ -22,24 +23,23 @@
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/reduction.h"
 #include "tardelli/optim/lr_schedule.h"
+#include "tardelli/parallel/expert_parallel.h"
 #include "tardelli/parallel/parallelize.h"
 #include "tardelli/train/metrics_file.h"
+#include "train_util.h"
 
 namespace td::train {
 
 namespace dist = td::distributed;
+using detail::chunk_flops;
+using detail::fmt;
+using detail::logical_params;
+using detail::now_s;
+using detail::perf_s;
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-double perf_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 DType compute_dtype(const std::string& name) {
   if (name == "bf16") return DType::BFloat16;
@@ -57,18 +57,9 @@ void check_supported(const TrainConfig& c) {
                         "python -m tardelli.train runs it");
     }
   };
-  refuse(c.cp > 1, "--cp " + std::to_string(c.cp));
-  refuse(c.ep > 1, "--ep " + std::to_string(c.ep));
-  refuse(c.num_experts > 0, "--num-experts " + std::to_string(c.num_experts));
-  refuse(c.zero == 3, "--zero 3");
-  refuse(c.offload_optimizer, "--offload-optimizer");
   refuse(c.fp8 != "none", "--fp8 " + c.fp8);
   refuse(c.precision_policy != "static", "--precision-policy " + c.precision_policy);
   refuse(!c.precision_map.empty(), "--precision-map");
-  refuse(c.grad_compression != "none", "--grad-compression " + c.grad_compression);
-  refuse(c.hierarchical_reduce, "--hierarchical-reduce");
-  refuse(c.on_nonfinite != "raise", "--on-nonfinite " + c.on_nonfinite);
-  refuse(!c.inject_nonfinite_loss.empty(), "--inject-nonfinite-loss");
   refuse(!c.plan.empty(), "--plan");
 }
 
@@ -110,142 +101,13 @@ double blocked_seconds(const std::vector<dist::CommPtr>& comms) {
   return s;
 }
 
-int64_t prod(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-
-int64_t stage_layers(const models::GPT& m) {
-  const models::GPTStage& s = m.stage();
-  return s.num_layers < 0 ? m.config().n_layer - s.first_layer : s.num_layers;
-}
-
-// Model FLOPs of one training step of this chunk on batch x seq tokens (GPT.flops_per_step in
-// python/tardelli/models.py: 6 x tokens x matmul weights + causal attention).
-double chunk_flops(const models::GPT& m, int64_t batch, int64_t seq) {
-  const models::GPTConfig& c = m.config();
-  double n = 0;
-  for (const auto& [name, t] : m.named_parameters()) {
-    const Shape shape = m.full_shape(name);
-    if (shape.size() < 2 || name == "wte.weight" || name == "wpe.weight") continue;
-    if (name.find(".mlp.experts.") != std::string::npos) {
-      n += static_cast<double>(prod(shape) * c.moe_top_k / c.num_experts);
-    } else {
-      n += static_cast<double>(prod(shape));
-    }
-  }
-  if (c.arch == models::Arch::GPT2 && m.stage().post) {
-    n += static_cast<double>(c.vocab_size * c.d_model);
-  }
-  const double tokens = static_cast<double>(batch * seq);
-  return 6 * n * tokens + 6.0 * static_cast<double>(stage_layers(m)) * tokens *
-                              static_cast<double>(seq) * static_cast<double>(c.d_model);
-}
-
-int64_t logical_params(const models::GPT& m) {
+int64_t comm_bytes(const std::vector<dist::CommPtr>& comms) {
   int64_t n = 0;
-  for (const auto& [name, t] : m.named_parameters()) n += prod(m.full_shape(name));
+  for (const auto& c : comms) n += c->stats().bytes;
   return n;
-}
-
-int tp_size_of(const models::GPT& m) {
-  return m.parallelism() != nullptr ? m.parallelism()->tp_size() : 1;
-}
-
-int tp_rank_of(const models::GPT& m) {
-  return m.parallelism() != nullptr ? m.parallelism()->tp_rank() : 0;
-}
-
-// Whether parameter `name` of `m` counts in the global gradient norm on this rank: split over tp
-// (every tp rank holds a part), or replicated and this is tp rank 0; a pipeline stage's copy of
-// the tied embedding never (model_parallel._counts).
-bool counts_in_norm(const models::GPT& m, const std::string& name, bool tp) {
-  if (name == "wte.weight" && !m.stage().pre) return false;
-  const bool split = m.shard_spec(name).dim >= 0 && tp_size_of(m) > 1;
-  return split || !tp || tp_rank_of(m) == 0;
-}
-
-std::string with_commas(double v) {
-  const long long n = std::llround(v);
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (n < 0 ? "-" : "") + out;
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
 }
 
 }  // namespace
-
-json::Value StepRecord::to_json() const {
-  json::Value r = json::Object{};
-  r.set("step", step);
-  r.set("loss", loss);
-  r.set("lr", lr);
-  r.set("grad_norm", grad_norm);
-  r.set("tokens_per_s", tokens_per_s);
-  r.set("time", time);
-  r.set("mfu", mfu);
-  r.set("mem_bytes", mem_bytes);
-  r.set("peak_mem_bytes_max_rank", peak_mem_bytes_max_rank);
-  json::Array compute, wait;
-  for (double v : rank_compute_s) compute.emplace_back(v);
-  for (double v : rank_wait_s) wait.emplace_back(v);
-  r.set("rank_compute_s", std::move(compute));
-  r.set("rank_wait_s", std::move(wait));
-  if (dp_comm_bytes) r.set("dp_comm_bytes", *dp_comm_bytes);
-  if (loss_scale) r.set("loss_scale", *loss_scale);
-  if (skipped) r.set("skipped", *skipped);
-  if (val_loss) r.set("val_loss", *val_loss);
-  if (save_blocked_s) r.set("save_blocked_s", *save_blocked_s);
-  return r;
-}
-
-std::string format_log_line(const StepRecord& r, int64_t steps) {
-  char head[64];
-  std::snprintf(head, sizeof head, "step %6lld/%lld", static_cast<long long>(r.step),
-                static_cast<long long>(steps));
-  std::string line = std::string(head) + " | loss " + fmt("%.4f", r.loss) + " | lr " +
-                     fmt("%.3e", r.lr) + " | grad norm " + fmt("%.3f", r.grad_norm) + " | " +
-                     with_commas(r.tokens_per_s) + " tok/s | mfu " + fmt("%.1f", 100 * r.mfu) +
-                     "% | mem " + fmt("%.0f", static_cast<double>(r.mem_bytes) / (1 << 20)) +
-                     " MiB";
-  if (r.loss_scale) {
-    line += " | loss scale " + fmt("%g", *r.loss_scale) +
-            (r.skipped.value_or(false) ? " (skipped)" : "");
-  } else if (r.skipped.value_or(false)) {
-    line += " | skipped";
-  }
-  if (r.val_loss) line += " | val loss " + fmt("%.4f", *r.val_loss);
-  return line;
-}
-
-double gemm_peak_flops(DType dtype, Device device, int64_t n, int reps) {
-  const bool gpu = device.is_cuda();
-  if (n <= 0) n = gpu ? 4096 : 1024;
-  Tensor a = randn({n, n}).to(dtype).to(device);
-  Tensor b = randn({n, n}).to(dtype).to(device);
-  auto sync = [&] {
-    if (gpu) cuda_synchronize(device.index);
-  };
-  matmul(a, b);
-  sync();
-  double best = kInf;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = perf_s();
-    matmul(a, b);
-    sync();
-    best = std::min(best, perf_s() - t0);
-  }
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
-}
 
 Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     : cfg_(std::move(cfg)), world_(std::move(world)) {
@@ -285,10 +147,18 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     dims.pp = static_cast<int>(c.pp);
     dims.dp = static_cast<int>(dp_size_);
     dims.ep = static_cast<int>(c.ep);
-    grid_ = std::make_unique<dist::ProcessGrid>(world_, dims);
+    // Expert parallelism: the experts' norm group (Note [Expert layout] in process_grid.h).
+    grid_ = std::make_unique<dist::ProcessGrid>(
+        world_, dims, c.ep > 1 ? std::vector<std::string>{"tp-ep-pp"} : std::vector<std::string>{});
   }
   accum_ = train::accumulation_steps(c, dp_size_);
   global_batch_ = c.micro_batch_size * dp_size_ * accum_;
+  const int world_rank = world_ ? world_->rank() : 0;
+  inject_grad_ = inject_steps(c);
+  for (const auto& [step, rank] : inject_loss_steps(c)) {
+    if (rank == -1 || rank == world_rank) inject_loss_.insert(step);
+  }
+  slow_s_ = slow_rank_seconds(world_rank);
 
   // ---- data ----
   DataOptions d;
@@ -301,6 +171,11 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   d.micro_batch = c.micro_batch_size;
   d.dp_rank = grid_ ? grid_->coords().dp : 0;
   d.dp_size = dp_size_;
+  // Every tp/cp/pp rank of a replica reads the same samples; a cp rank keeps its tokens.
+  if (c.cp > 1) {
+    d.cp_rank = grid_->coords().cp;
+    d.cp_size = static_cast<int>(c.cp);
+  }
   data_ = std::make_unique<TrainData>(d);
 
   // ---- model (python: trainer.build_job) ----
@@ -315,6 +190,15 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   mcfg_.dropout = c.dropout;
   mcfg_.dtype = compute_dtype(c.dtype);
   mcfg_.seed = static_cast<uint64_t>(c.seed);
+  mcfg_.num_experts = c.num_experts;
+  mcfg_.moe_top_k = c.moe_top_k;
+  mcfg_.moe_ffn_hidden = c.moe_ffn_hidden;
+  mcfg_.moe_layer_freq = c.moe_layer_freq;
+  mcfg_.moe_shared_experts = c.moe_shared_experts;
+  mcfg_.moe_aux_loss_coeff = c.moe_aux_loss_coeff;
+  mcfg_.moe_z_loss_coeff = c.moe_z_loss_coeff;
+  mcfg_.moe_router_bias_update_rate = c.moe_router_bias_update_rate;
+  mcfg_.moe_capacity_factor = c.moe_capacity_factor;
   // Note [Parallelize step]: every parameter is drawn from the seed, then each rank keeps its
   // tensor-parallel shards: the same logical model for every layout.
   if (c.pp > 1) {
@@ -330,6 +214,10 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     po.cp_comm = c.cp_comm == "a2a" ? parallel::CPComm::AllToAll : parallel::CPComm::Ring;
     for (auto& ch : chunks_) parallel::apply_parallelism(*ch, grid_->tp(), grid_->cp(), po);
   }
+  if (c.ep > 1) {
+    // Each rank keeps num_experts / ep experts, routing tokens to the others' by all-to-all.
+    for (auto& ch : chunks_) parallel::apply_expert_parallel(*ch, grid_->ep());
+  }
   for (auto& ch : chunks_) {
     models::RecomputeOptions r;
     r.mode = models::parse_recompute(c.recompute);
@@ -339,6 +227,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     if (!device_.is_cpu()) ch->to(device_);
   }
   if (c.tp > 1 || c.pp > 1) mp_group_ = c.pp > 1 ? grid_->tp_pp() : grid_->tp();
+  if (c.ep > 1) expert_group_ = grid_->group("tp-ep-pp");
 
   nn::NamedTensors named;
   std::vector<optim::ParamGroup> groups(2);
@@ -359,36 +248,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   defaults.beta1 = c.beta1;
   defaults.beta2 = c.beta2;
   defaults.eps = c.eps;
-  if (world_ != nullptr) {
-    // Note [Data parallel step] (python/tardelli/train/trainer.py): gradients live in the DDP's
-    // buckets; reductions start during the step's last backward (ZeRO-2: every micro-batch's).
-    dist::DDPOptions o;
-    o.bucket_bytes = std::max<int64_t>(1, std::llround(c.ddp_bucket_mb * 1e6));
-    o.reduce_scatter = c.zero >= 1;
-    o.shard_grads = c.zero == 2;
-    if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
-    ddp_ = std::make_unique<dist::DistributedDataParallel>(named, grid_->dp(), o);
-  }
-  if (c.zero > 0) {
-    zero_opt_ = std::make_unique<dist::DistributedOptimizer>(*ddp_, groups, defaults);
-    if (mp_group_ != nullptr) {
-      std::vector<bool> counted;
-      const bool tp = c.tp > 1;
-      for (const dist::BucketParam& bp : ddp_->params()) {
-        const models::GPT* owner = nullptr;
-        for (const auto& ch : chunks_) {
-          for (const auto& [n, p] : ch->named_parameters()) {
-            if (n == bp.name) owner = ch.get();
-          }
-        }
-        TD_CHECK(owner != nullptr, "train: no chunk holds parameter ", bp.name);
-        counted.push_back(counts_in_norm(*owner, bp.name, tp));
-      }
-      zero_opt_->set_model_parallel(mp_group_, counted);
-    }
-  } else {
-    adamw_ = std::make_unique<optim::AdamW>(groups, defaults);
-  }
+  build_reduction(named, groups, defaults);
   if (c.dtype == "fp16") {
     optim::LossScalerOptions so;
     so.init_scale = c.initial_loss_scale;
@@ -424,6 +284,9 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
       if (std::find(comms_.begin(), comms_.end(), g) == comms_.end()) comms_.push_back(g);
     }
   }
+  for (const dist::CommPtr& g : reduce_comms_) {  // two-level reductions have their own
+    if (std::find(comms_.begin(), comms_.end(), g) == comms_.end()) comms_.push_back(g);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -446,51 +309,6 @@ std::vector<Tensor> Trainer::parameters() const {
   return out;
 }
 
-double Trainer::grad_norm_clipped(double max_norm) {
-  if (zero_opt_ != nullptr) {
-    return std::isfinite(max_norm) ? zero_opt_->clip_grad_norm(max_norm) : zero_opt_->grad_norm();
-  }
-  autograd::NoGradGuard no_grad;
-  if (mp_group_ != nullptr) {
-    // The full model's norm under a model-parallel layout (model_parallel.clip_grad_norm_): each
-    // counted gradient's sum of squares in fp32, added in double, summed over tp-pp.
-    const bool tp = cfg_.tp > 1;
-    double local = 0;
-    for (const auto& ch : chunks_) {
-      for (const auto& [name, p] : ch->named_parameters()) {
-        const Tensor g = p.grad();
-        if (!g.defined() || !counts_in_norm(*ch, name, tp)) continue;
-        local += sum(mul(g, g)).item<double>();
-      }
-    }
-    const double total = mp_group_->size() > 1 ? dist::sum_over_ranks(local, mp_group_) : local;
-    const double norm = std::sqrt(total);
-    if (std::isfinite(norm) && std::isfinite(max_norm)) {
-      const double coef = max_norm / (norm + 1e-6);
-      if (coef < 1.0) {
-        for (const Tensor& p : parameters()) {
-          Tensor g = p.grad();
-          if (g.defined()) mul_(g, coef);
-        }
-      }
-    }
-    return norm;
-  }
-  // One process: torch's clip_grad_norm_ (td.nn.utils): the norm of the per-tensor fp32 norms,
-  // and the coefficient max_norm / (norm + 1e-6) clamped to 1 computed as an fp32 tensor.
-  TensorList grads;
-  for (const Tensor& p : parameters()) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  if (grads.empty()) return 0.0;
-  TensorList norms;
-  for (const Tensor& g : grads) norms.push_back(norm(g.detach().to(DType::Float32)));
-  const Tensor total = norm(stack(norms, 0));
-  const double coef = clamp(rdiv(add(total, 1e-6), max_norm), std::nullopt, 1.0).item<double>();
-  for (Tensor& g : grads) mul_(g, coef);
-  return total.item<double>();
-}
-
 StepRecord Trainer::train_step() {
   const TrainConfig& c = cfg_;
   const double lr = lr_at(step_);
@@ -499,16 +317,27 @@ StepRecord Trainer::train_step() {
   } else {
     for (auto& g : adamw_->param_groups()) g.lr = lr;
   }
+  if (expert_opt_ != nullptr) {
+    for (auto& g : expert_opt_->param_groups()) g.lr = lr;
+  }
   reset_peak_memory_stats(device_);
   const double t0 = perf_s(), blocked0 = blocked_seconds(comms_);
-  const int64_t bytes0 = ddp_ ? ddp_->comm()->stats().bytes : 0;
-  if (ddp_ != nullptr) ddp_->zero_grad();
+  const int64_t bytes0 = comm_bytes(reduce_comms_), cross0 = comm_bytes(cross_comms_);
+  const std::vector<dist::DistributedDataParallel*> ddps = ddp_parts();
+  for (dist::DistributedDataParallel* d : ddps) d->zero_grad();
+  for (const auto& comp : compressors_) {  // Note [Compression warm-up] (grad_compression.h)
+    comp->set_active(step_ >= c.compression_start_step);
+  }
+  const bool moe = mcfg_.num_experts > 0;
+  if (moe) {
+    for (auto& ch : chunks_) ch->reset_moe_stats();  // the step's statistics: all micro-batches
+  }
   double loss_sum = 0;
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  const std::set<int64_t> injected = inject_steps(c);
   // The factor backward is seeded with (x 1/accum): the loss scale, or inf on a step of
   // --inject-nonfinite-grad.
-  const double backward_seed = loss_scale * (injected.count(step_ + 1) ? kInf : 1.0);
+  const double backward_seed = loss_scale * (inject_grad_.count(step_ + 1) ? kInf : 1.0);
+  if (slow_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s_));
   if (pipe_ != nullptr) {
     std::vector<MicroBatch> batches;
     for (int64_t m = 0; m < accum_; ++m) {
@@ -516,15 +345,22 @@ StepRecord Trainer::train_step() {
       if (!device_.is_cpu()) b = {b.input.to(device_), b.target.to(device_)};
       batches.push_back(std::move(b));
     }
-    const bool prev = ddp_->is_last_microbatch();
-    ddp_->set_last_microbatch(false);
+    // The schedule interleaves the micro-batches; the DDP reduction runs once after it.
+    std::vector<bool> prev;
+    for (dist::DistributedDataParallel* d : ddps) {
+      prev.push_back(d->is_last_microbatch());
+      d->set_last_microbatch(false);
+    }
+    auto restore = [&] {
+      for (size_t i = 0; i < ddps.size(); ++i) ddps[i]->set_last_microbatch(prev[i]);
+    };
     try {
       loss_sum = pipe_->step(batches, backward_seed) * static_cast<double>(accum_);
     } catch (...) {
-      ddp_->set_last_microbatch(prev);
+      restore();
       throw;
     }
-    ddp_->set_last_microbatch(prev);
+    restore();
   } else {
     for (int64_t m = 0; m < accum_; ++m) {
       MicroBatch b = loader_->next();
@@ -533,16 +369,16 @@ StepRecord Trainer::train_step() {
       const Tensor scaled = accum_ == 1 && backward_seed == 1.0
                                 ? loss
                                 : mul(loss, backward_seed / static_cast<double>(accum_));
-      if (ddp_ != nullptr) ddp_->set_last_microbatch(m == accum_ - 1);
+      for (dist::DistributedDataParallel* d : ddps) d->set_last_microbatch(m == accum_ - 1);
       autograd::backward({scaled}, {});
       loss_sum += loss.item<double>();
     }
-    if (ddp_ != nullptr) ddp_->set_last_microbatch(true);
+    for (dist::DistributedDataParallel* d : ddps) d->set_last_microbatch(true);
   }
-  if (ddp_ != nullptr) {
-    ddp_->finish_grad_sync();
-    if (pipe_ != nullptr && c.zero >= 2) pipe_->sync_tied_embedding_shard(*ddp_);
-  }
+  // --inject-nonfinite-loss: the gradients stay finite.
+  if (inject_loss_.count(step_ + 1)) loss_sum = std::numeric_limits<double>::quiet_NaN();
+  for (dist::DistributedDataParallel* d : ddps) d->finish_grad_sync();
+  if (ddp_ != nullptr && pipe_ != nullptr && c.zero >= 2) pipe_->sync_tied_embedding_shard(*ddp_);
   const double max_norm = c.clip_grad > 0 ? c.clip_grad : kInf;
   bool applied = true;
   double grad_norm = 0;
@@ -557,6 +393,7 @@ StepRecord Trainer::train_step() {
       grad_norm = scaled_norm / loss_scale;
       if (zero_opt_ != nullptr) {
         zero_opt_->scale_grads(factor);
+        if (expert_opt_ != nullptr) expert_opt_->scale_grads(factor);
       } else {
         autograd::NoGradGuard no_grad;
         for (const Tensor& p : parameters()) {
@@ -568,15 +405,33 @@ StepRecord Trainer::train_step() {
   } else {
     grad_norm = grad_norm_clipped(max_norm);
   }
-  if (scaler_ == nullptr && !std::isfinite(grad_norm)) {
-    TD_ERROR("train: the gradient norm is ", grad_norm, " at step ", step_ + 1,
-             " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
+  // Note [Non-finite steps] (python/tardelli/train/trainer.py): every rank takes the same
+  // decision: the gradient norm is global already, the loss is agreed on with an exact int max
+  // over the world (only under --on-nonfinite skip). Under raise a non-finite gradient norm
+  // stops the run before the update, a non-finite mean loss after it; under fp16 a non-finite
+  // gradient is the loss scaler's.
+  bool nonfinite = false;
+  const bool grad_bad = scaler_ == nullptr && !std::isfinite(grad_norm);
+  if (c.on_nonfinite == "skip") {
+    const bool loss_bad = max_over_ranks(std::isfinite(loss_sum) ? 0 : 1, world_) != 0;
+    nonfinite = grad_bad || loss_bad;
+    skips_ += nonfinite ? 1 : 0;
+    consecutive_ = nonfinite ? consecutive_ + 1 : 0;
+  } else if (grad_bad) {
+    throw Error("train: the gradient norm is " + py::str(grad_norm) + " at step " +
+                std::to_string(step_ + 1) +
+                " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
   }
+  applied = applied && !nonfinite;
   if (applied) {
     if (zero_opt_ != nullptr) {
       zero_opt_->step();
+      if (expert_opt_ != nullptr) expert_opt_->step();
     } else {
       adamw_->step();
+    }
+    if (moe && mcfg_.moe_router_bias_update_rate > 0) {
+      for (auto& ch : chunks_) detail::update_moe_router_bias(*ch, dp_group());
     }
   }
   if (ddp_ == nullptr) adamw_->zero_grad(true);
@@ -588,6 +443,7 @@ StepRecord Trainer::train_step() {
   StepRecord rec;
   rec.step = step_;
   rec.step_seconds = dt;
+  rec.nonfinite = nonfinite;
   // The compute/wait split of every world rank (Note [Straggler report] in trainer.py).
   const double compute = std::max(dt - wait, 0.0);
   if (world_ == nullptr || world_->size() == 1) {
@@ -605,6 +461,14 @@ StepRecord Trainer::train_step() {
       rec.rank_wait_s.push_back(flat[2 * r + 1]);
     }
   }
+  if (moe) {
+    // `loss` stays the cross-entropy, comparable with a dense run's and with val_loss; the
+    // auxiliary terms are reported apart (Note [MoE metrics] in trainer.py).
+    const detail::MoEStep m = detail::moe_step_metrics(chunks_, loss_sum, accum_, dp_group(),
+                                                       c.pp > 1 ? grid_->pp() : nullptr);
+    loss_sum = m.lm_loss * static_cast<double>(accum_);
+    rec.moe = m.metrics;
+  }
   rec.loss = mean_over_ranks(loss_sum / static_cast<double>(accum_), world_);
   rec.lr = lr;
   rec.grad_norm = grad_norm;
@@ -613,14 +477,21 @@ StepRecord Trainer::train_step() {
   rec.mfu = flops_per_step_ / dt / peak_;
   rec.mem_bytes = memory_stats(device_).peak_bytes;
   rec.peak_mem_bytes_max_rank = max_over_ranks(rec.mem_bytes, world_);
-  if (ddp_ != nullptr) rec.dp_comm_bytes = ddp_->comm()->stats().bytes - bytes0;
-  if (scaler_ != nullptr) {
-    rec.loss_scale = loss_scale;
-    rec.skipped = !applied;
+  // Note [Reduction bytes] (python/tardelli/train/trainer.py).
+  if (!reduce_comms_.empty()) rec.dp_comm_bytes = comm_bytes(reduce_comms_) - bytes0;
+  if (c.hierarchical_reduce && !reduce_comms_.empty()) {
+    rec.cross_node_bytes = comm_bytes(cross_comms_) - cross0;
   }
-  if (!std::isfinite(rec.loss)) {
-    TD_ERROR("train: the loss is ", rec.loss, " at step ", step_,
-             " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
+  if (rec.moe) {
+    rec.moe->aux_loss = mean_over_ranks(rec.moe->aux_loss, world_);
+    rec.moe->z_loss = mean_over_ranks(rec.moe->z_loss, world_);
+  }
+  if (scaler_ != nullptr) rec.loss_scale = loss_scale;
+  if (scaler_ != nullptr || c.on_nonfinite == "skip") rec.skipped = !applied;
+  if (c.on_nonfinite == "skip") rec.nonfinite_skips = skips_;
+  if (!std::isfinite(rec.loss) && !nonfinite) {
+    throw Error("train: the loss is " + py::str(rec.loss) + " at step " + std::to_string(step_) +
+                " (diverged; lower --lr, use --clip-grad or --on-nonfinite skip)");
   }
   if (c.eval_interval > 0 && (step_ % c.eval_interval == 0 || step_ == c.steps)) {
     rec.val_loss = evaluate();
@@ -669,12 +540,15 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     std::string layout = std::to_string(accum_) + " micro-batches of " +
                          std::to_string(c.micro_batch_size) + " x dp " + std::to_string(dp_size_);
     if (c.zero) layout += ", ZeRO-" + std::to_string(c.zero);
+    if (c.offload_optimizer) layout += " + optimizer offload";
     if (c.tp > 1) layout += ", tp " + std::to_string(c.tp);
     if (c.sequence_parallel) layout += " + sequence parallel";
+    if (c.cp > 1) layout += ", cp " + std::to_string(c.cp) + " (" + c.cp_comm + ")";
     if (c.pp > 1) {
       layout += ", pp " + std::to_string(c.pp) + " (" + c.schedule + ", vpp " +
                 std::to_string(c.vpp) + ")";
     }
+    if (c.ep > 1) layout += ", ep " + std::to_string(c.ep);
     say("train: " + c.arch + " " + std::to_string(c.layers) + " layers, d_model " +
         std::to_string(c.d_model) + ", " + std::to_string(c.heads) + " heads, vocab " +
         std::to_string(data_->vocab_size()) + ", " +
@@ -690,17 +564,35 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
   double t_train = 0;
   int64_t peak_rank = 0, peak_max_rank = 0;
   const int64_t start_step = step_;
+  double straggler_logged = -kInf;  // the last step that logged a straggler
   while (step_ < c.steps) {
     StepRecord rec = train_step();
     t_train += rec.step_seconds;
     peak_rank = std::max(peak_rank, rec.mem_bytes);
     peak_max_rank = std::max(peak_max_rank, rec.peak_mem_bytes_max_rank);
     if (rec.val_loss) val_loss = rec.val_loss;
+    const bool give_up = rec.nonfinite && consecutive_ >= c.max_skipped_steps;
     const bool exiting = c.exit_interval > 0 && step_ % c.exit_interval == 0;
-    save_if_due(rec, exiting, say);  // before the row, which carries save_blocked_s
+    save_if_due(rec, exiting, give_up, say);  // before the row, which carries save_blocked_s
     metrics.write(rec.to_json());
     if (step_ % c.log_interval == 0 || step_ == c.steps || rec.val_loss) {
       say(format_log_line(rec, c.steps));
+    }
+    const auto slow = is_main() ? stragglers(rec.rank_compute_s, c.straggler_threshold)
+                                : std::vector<std::pair<int, double>>{};
+    if (!slow.empty() &&
+        static_cast<double>(step_) - straggler_logged >= static_cast<double>(c.log_interval)) {
+      straggler_logged = static_cast<double>(step_);  // at most once per --log-interval steps
+      for (const auto& [r, ratio] : slow) say(straggler_line(r, rec.rank_compute_s[r], ratio));
+    }
+    if (give_up) {
+      throw Error("train: step " + std::to_string(step_) + ": " + std::to_string(consecutive_) +
+                  " consecutive steps (steps " + std::to_string(step_ - consecutive_ + 1) + "-" +
+                  std::to_string(step_) +
+                  ") skipped for a non-finite loss or gradient norm, the limit of "
+                  "--max-skipped-steps " +
+                  std::to_string(c.max_skipped_steps) +
+                  " (diverged; lower --lr or use --clip-grad)");
     }
     last = rec;
     if (exiting) break;
@@ -730,12 +622,32 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     s.set("peak_mem_bytes_max_rank", peak_max_rank);
     s.set("mem_current_bytes", memory_stats(device_).current_bytes);
     if (c.zero) {
+      int64_t state = zero_opt_->optimizer_state_bytes(), host = zero_opt_->host_state_bytes();
+      if (expert_opt_ != nullptr) {
+        state += expert_opt_->optimizer_state_bytes();
+        host += expert_opt_->host_state_bytes();
+      }
+      int64_t buffers = 0;
+      for (const dist::DistributedDataParallel* d : ddp_parts()) {
+        buffers += d->grad_buffer_bytes();
+      }
       s.set("zero", c.zero);
-      s.set("optimizer_state_bytes", zero_opt_->optimizer_state_bytes());
-      s.set("host_state_bytes", zero_opt_->host_state_bytes());
-      s.set("grad_buffer_bytes", ddp_->grad_buffer_bytes());
+      s.set("optimizer_state_bytes", state);
+      s.set("host_state_bytes", host);
+      s.set("grad_buffer_bytes", buffers);
     }
   }
+  if (mcfg_.num_experts > 0) {
+    s.set("num_experts", mcfg_.num_experts);
+    int64_t layers = 0;
+    for (const auto& ch : chunks_) layers += static_cast<int64_t>(ch->moe_router_load().size());
+    if (c.pp > 1) {
+      layers = static_cast<int64_t>(dist::sum_over_ranks(static_cast<double>(layers), grid_->pp()));
+    }
+    s.set("moe_layers", layers);
+    s.set("moe_bias_replicated", detail::moe_bias_replicated(chunks_, dp_group()));
+  }
+  if (c.on_nonfinite == "skip") s.set("nonfinite_skips", skips_);
   if (scaler_ != nullptr) {
     s.set("loss_scale", scaler_->scale());
     s.set("skipped_steps", scaler_->state().skipped_steps);

@@ -3,7 +3,9 @@ tardelli.train: the same flags give the same run. Note [C++ training loop] state
 must agree bitwise at the same layout: the same ops in the same order on the same data, so any
 difference in a loss or gradient norm is a bug in one of them, not rounding."""
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -46,8 +48,16 @@ def _summary(stdout):
 
 
 def _history(path):
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"))
+    """Per step: the numbers both front ends must agree on bitwise (the bytes handed to the
+    gradient reduction too: the same buckets, compressed alike)."""
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"),
+             r.get("dp_comm_bytes"), r.get("cross_node_bytes"), *[r.get(k) for k in MOE_KEYS])
             for r in metrics(path)]
+
+
+MOE_KEYS = ("moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_mean_load", "moe_dropped_tokens")
+MOE = ["--num-experts", "4", "--moe-top-k", "2", "--moe-z-loss-coeff", "1e-3",
+       "--moe-router-bias-update-rate", "1e-2"]
 
 
 LAYOUTS = [
@@ -62,6 +72,33 @@ LAYOUTS = [
     (2, ["--pp", "2", "--schedule", "zb", "--global-batch-size", "6", "--recompute", "full"]),
     (2, ["--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
     (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
+    (2, ["--zero", "3", "--global-batch-size", "8"]),
+    (2, ["--zero", "3", "--dtype", "bf16", "--offload-optimizer", "--clip-grad", "0.05"]),
+    (2, ["--zero", "1", "--offload-optimizer"]),
+    (4, ["--zero", "3", "--pp", "2", "--global-batch-size", "4"]),
+    (4, ["--zero", "3", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
+    (2, ["--cp", "2"]),
+    (2, ["--cp", "2", "--cp-comm", "a2a", "--arch", "llama", "--global-batch-size", "4"]),
+    (4, ["--cp", "2", "--zero", "1", "--global-batch-size", "8"]),
+    (4, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
+    (4, ["--cp", "2", "--pp", "2", "--global-batch-size", "4"]),
+    (4, ["--hierarchical-reduce", "--ranks-per-node", "2", "--zero", "1",
+         "--global-batch-size", "8"]),
+    (2, ["--hierarchical-reduce", "--ranks-per-node", "1", "--zero", "3"]),
+    (2, ["--hierarchical-reduce", "--ranks-per-node", "1", "--grad-compression", "powersgd",
+         "--powersgd-rank", "2"]),
+    (2, ["--grad-compression", "powersgd", "--powersgd-rank", "2", "--compression-start-step",
+         "2", "--global-batch-size", "8"]),
+    (2, ["--grad-compression", "topk", "--topk-ratio", "0.1", "--zero", "1",
+         "--compression-start-step", "1"]),
+    (2, ["--grad-compression", "randomk", "--topk-ratio", "0.2"]),
+    (1, [*MOE, "--moe-capacity-factor", "0.5", "--moe-shared-experts", "1"]),
+    (2, [*MOE, "--arch", "llama", "--global-batch-size", "8"]),
+    (2, [*MOE, "--ep", "2"]),
+    (2, [*MOE, "--ep", "2", "--zero", "1", "--clip-grad", "0.05"]),
+    (2, [*MOE, "--pp", "2", "--global-batch-size", "4", "--moe-layer-freq", "2"]),
+    (4, [*MOE, "--ep", "2", "--tp", "2"]),
+    (4, [*MOE, "--ep", "2", "--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
 ]
 
 
@@ -69,14 +106,19 @@ LAYOUTS = [
                          ids=[f"{n}-{'_'.join(e) or 'plain'}" for n, e in LAYOUTS])
 def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
     """Per-step loss, gradient norm, learning rate and validation loss are bitwise equal, and
-    both front ends describe the run alike (the summary's layout and parameter count)."""
+    both front ends describe the run alike (the layout line, the summary's layout and parameter
+    count)."""
     py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
     py = run_python(nproc, "tardelli.train", *MODEL, *extra, "--metrics-file", py_m)
     cpp = run_cpp(nproc, *MODEL, *extra, "--metrics-file", cpp_m)
     assert _history(cpp_m) == _history(py_m)
     a, b = _summary(py.stdout), _summary(cpp.stdout)
-    for k in ("event", "step", "params", "dp", "tp", "pp", "local_params", "loss", "val_loss",
-              "microbatches", "bubble_formula", "zero"):
+    assert py.stdout.splitlines()[0].split("; GEMM")[0] == cpp.stdout.splitlines()[0].split(
+        "; GEMM")[0]  # the layout line
+    for k in ("event", "step", "params", "dp", "tp", "pp", "cp", "ep", "local_params", "loss",
+              "val_loss", "microbatches", "bubble_formula", "zero", "optimizer_state_bytes",
+              "host_state_bytes", "grad_buffer_bytes", "num_experts", "moe_layers",
+              "moe_bias_replicated"):
         assert a.get(k) == b.get(k), k
     assert len(metrics(cpp_m)) == 4
 
@@ -110,6 +152,98 @@ def test_fp16_loss_scaling_skips_like_the_python_trainer(tmp_path):
     assert [r["skipped"] for r in rows_cpp] == [False, True, False, False]
 
 
+def _exact(v):
+    """A number as a comparable value: repr keeps every bit, and nan equals nan."""
+    return repr(v) if isinstance(v, float) else v
+
+
+def _rows(path, keys):
+    return [tuple(_exact(r.get(k)) for k in keys) for r in metrics(path)]
+
+
+def _log(stdout):
+    """The step and straggler lines, without the measured parts (tok/s, mfu, memory, the
+    straggler's seconds and ratio)."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("step "):
+            out.append(re.sub(r" \| [\d,]+ tok/s \| mfu [\d.]+% \| mem \d+ MiB", "", line))
+        elif line.startswith("train: straggler rank"):
+            out.append(line.split(":")[1])
+    return out
+
+
+SKIP_KEYS = ("step", "loss", "grad_norm", "lr", "val_loss", "skipped", "nonfinite_skips")
+
+
+@pytest.mark.parametrize("nproc,extra", [
+    (1, ["--inject-nonfinite-grad", "2", "--inject-nonfinite-loss", "3"]),
+    (2, ["--inject-nonfinite-loss", "2@1,3", "--zero", "1"]),
+    (2, ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--inject-nonfinite-loss", "3@0",
+         "--initial-loss-scale", "1024"]),
+], ids=["1-grad_and_loss", "2-one_rank_zero1", "2-fp16"])
+def test_nonfinite_steps_are_skipped_like_the_python_trainer(tmp_path, nproc, extra):
+    """--on-nonfinite skip (Note [Non-finite steps]): the same steps are skipped on every rank
+    (a nan loss on one rank included), with the same rows (skipped, nonfinite_skips; the
+    losses, gradient norms and learning rates bitwise, nan where the step's was), the same log
+    lines and the same summary count."""
+    args = [*MODEL, "--on-nonfinite", "skip", "--log-interval", "1", *extra]
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    py = run_python(nproc, "tardelli.train", *args, "--metrics-file", py_m)
+    cpp = run_cpp(nproc, *args, "--metrics-file", cpp_m)
+    assert _rows(cpp_m, SKIP_KEYS) == _rows(py_m, SKIP_KEYS)
+    assert any(r["skipped"] for r in metrics(cpp_m)) and math.isnan(metrics(cpp_m)[2]["loss"])
+    assert _log(cpp.stdout) == _log(py.stdout)
+    for k in ("nonfinite_skips", "skipped_steps", "loss_scale", "loss"):
+        assert _exact(_summary(cpp.stdout).get(k)) == _exact(_summary(py.stdout).get(k)), k
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--on-nonfinite", "skip", "--max-skipped-steps", "2", "--inject-nonfinite-grad", "2",
+      "--inject-nonfinite-loss", "3"],
+     "train: step 3: 2 consecutive steps (steps 2-3) skipped for a non-finite loss or gradient "
+     "norm, the limit of --max-skipped-steps 2 (diverged; lower --lr or use --clip-grad)"),
+    (["--inject-nonfinite-loss", "2"],
+     "train: the loss is nan at step 2 (diverged; lower --lr, use --clip-grad or "
+     "--on-nonfinite skip)"),
+    (["--inject-nonfinite-grad", "3"], "train: the gradient norm is "),
+], ids=["give_up", "raise_loss", "raise_grad"])
+def test_nonfinite_runs_stop_like_the_python_trainer(tmp_path, extra, needle):
+    """A run that gives up (--max-skipped-steps consecutive skips: after the step's row) or
+    raises (--on-nonfinite raise) stops at the same step with the same sentence."""
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    py = run_python(1, "tardelli.train", *MODEL, *extra, "--metrics-file", py_m, check=False)
+    cpp = run_cpp(1, *MODEL, *extra, "--metrics-file", cpp_m, check=False)
+    assert py.returncode != 0 and cpp.returncode == 1, (py.stderr, cpp.stderr)
+    assert needle in py.stderr and needle in cpp.stderr, (py.stderr, cpp.stderr)
+    assert _rows(cpp_m, SKIP_KEYS) == _rows(py_m, SKIP_KEYS)
+
+
+def test_straggler_is_reported_like_the_python_trainer(tmp_path, monkeypatch):
+    """TD_TEST_SLOW_RANK makes rank 1 sleep 0.3 s a step: both front ends log "train: straggler
+    rank 1: ..." after the same steps (at most once per --log-interval 2), record both ranks'
+    compute and wait, and train the same losses; --straggler-threshold 0 turns the line off."""
+    monkeypatch.setitem(ENV, "TD_TEST_SLOW_RANK", "1:0.3")
+    args = [*MODEL, "--log-interval", "2"]
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    py = run_python(2, "tardelli.train", *args, "--metrics-file", py_m)
+    cpp = run_cpp(2, *args, "--metrics-file", cpp_m)
+    assert _history(cpp_m) == _history(py_m)
+    assert _log(cpp.stdout) == _log(py.stdout)
+    assert _log(cpp.stdout).count(" straggler rank 1") == 2, cpp.stdout
+    for r in metrics(cpp_m):
+        compute, wait = r["rank_compute_s"], r["rank_wait_s"]
+        assert compute[1] >= 0.3 and wait[0] >= 0.2 and compute[0] < compute[1] / 1.5, r
+    line = [x for x in cpp.stdout.splitlines() if "straggler" in x][0]
+    assert re.fullmatch(r"train: straggler rank 1: compute \d+\.\d{3} s is \d+\.\d{2} x the "
+                        r"median", line), line
+    cpp = run_cpp(2, *args, "--straggler-threshold", "0")
+    assert "straggler" not in cpp.stdout
+    monkeypatch.setitem(ENV, "TD_TEST_SLOW_RANK", "x")
+    bad = run_cpp(1, *MODEL, check=False)
+    assert bad.returncode == 2 and "TD_TEST_SLOW_RANK='x': expected RANK:SECONDS" in bad.stderr
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--no-such-flag", "1"], "--no-such-flag"),
     (["--tp", "3"], "does not divide"),
@@ -134,11 +268,11 @@ def test_bad_toml_names_the_file(tmp_path):
 
 
 def test_what_the_cpp_loop_lacks_is_refused_by_name(tmp_path):
-    """A feature only the Python trainer has (context parallelism here) is a clear error, not
-    a run that silently ignores the flag."""
-    cpp = run_cpp(2, *MODEL, "--cp", "2", check=False)
+    """A feature only the Python trainer has (FP8 here) is a clear error, not a run that
+    silently ignores the flag."""
+    cpp = run_cpp(2, *MODEL, "--fp8", "hybrid", check=False)
     assert cpp.returncode == 2, cpp.stderr
-    assert "--cp 2" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
+    assert "--fp8 hybrid" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
 
 
 def test_help_lists_every_flag():

@@ -58,6 +58,21 @@ class DatasetBatches : public BatchSource {
   data::DataLoader loader_;
 };
 
+// Another source's batches cut to this context-parallel rank's tokens along the sequence
+// (parallel::zigzag_slice: chunks r and 2 cp - 1 - r of 2 cp, Note [Zigzag layout] in
+// parallel/context_parallel.h): the ranks of a cp group read the same samples and each keeps
+// its part (python: trainer.ContextParallelLoader).
+class ContextParallelBatches : public BatchSource {
+ public:
+  ContextParallelBatches(std::unique_ptr<BatchSource> source, int cp_rank, int cp_size);
+  MicroBatch next() override;
+  int64_t consumed_samples() const override { return source_->consumed_samples(); }
+
+ private:
+  std::unique_ptr<BatchSource> source_;
+  int rank_, size_;
+};
+
 struct DataOptions {
   std::string prefix;      // Megatron dataset PREFIX (.idx/.bin); empty with synthetic
   bool synthetic = false;  // random tokens instead of a dataset
@@ -67,6 +82,8 @@ struct DataOptions {
   std::array<double, 3> split = {98, 1, 1};
   int64_t micro_batch = 1;
   int64_t dp_rank = 0, dp_size = 1;
+  // Context parallelism: the loaders' batches are this cp rank's tokens (ContextParallelBatches).
+  int cp_rank = 0, cp_size = 1;
 };
 
 // The run's data: the vocabulary size, the tokenizer directory (PREFIX.tokenizer/ when
@@ -79,13 +96,16 @@ class TrainData {
 
   int64_t vocab_size() const { return vocab_size_; }
   const std::string& tokenizer_dir() const { return tokenizer_dir_; }
-  // The training batches from global sample `consumed_samples` on.
+  // The training batches from global sample `consumed_samples` on (both loaders: this cp rank's
+  // tokens under context parallelism).
   std::unique_ptr<BatchSource> train_loader(int64_t consumed_samples) const;
   // A fresh loader over the validation split from its start (every evaluation sees the same
   // batches); null when the split is empty. Synthetic data validates on seed + 1.
   std::unique_ptr<BatchSource> valid_loader() const;
 
  private:
+  std::unique_ptr<BatchSource> on_cp(std::unique_ptr<BatchSource> source) const;
+
   DataOptions o_;
   int64_t vocab_size_ = 0;
   std::string tokenizer_dir_;

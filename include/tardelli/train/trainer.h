@@ -20,25 +20,38 @@
 // (a step whose scaled norm is not finite is skipped); the optimizer step; the metrics row (the
 // loss is the mean over every rank in fp32).
 //
+// --on-nonfinite skip agrees on a non-finite loss or gradient norm over every rank and skips the
+// update (Note [Non-finite steps] in python/tardelli/train/trainer.py); run() logs stragglers
+// (stragglers() below). MoE: the step resets the statistics, applies the router-bias step after
+// the update (loads summed over dp) and reports the cross-entropy as the loss with the moe_*
+// metrics apart (Note [MoE metrics]); expert parallelism reduces and updates the experts with
+// their own DDP and optimizer (Note [Expert gradients] in python/tardelli/distributed/
+// expert_parallel.py).
+//
 // Checkpoints (--save, --save-interval, --exit-interval, --resume, --async-save) are
 // python/tardelli/train/state.py's, in its format: either loop resumes the other's, at the same
 // layout bitwise, at another one through the layout-free pieces (train/train_state.h).
 //
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): context and expert parallelism and MoE, ZeRO-3 and optimizer
-// offload, FP8 and per-layer precision, gradient compression and two-level reductions,
-// --on-nonfinite skip, supervised restarts and the straggler log.
+// tardelli.train runs them): FP8 and per-layer precision, --plan auto, supervised restarts
+// (python -m tardelli.launch --max-restarts: the heartbeat files), and checkpoints together with
+// ZeRO-3, context or expert parallelism or gradient compression (whose extra state, the full
+// ZeRO-3 parameters, the expert optimizer and the compressors' error feedback, train_state.h
+// does not carry yet).
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tardelli/core/json.h"
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/data_parallel.h"
 #include "tardelli/distributed/distributed_optimizer.h"
+#include "tardelli/distributed/fully_sharded.h"
 #include "tardelli/distributed/process_grid.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/optim/adamw.h"
@@ -49,6 +62,15 @@
 #include "tardelli/train/train_state.h"
 
 namespace td::train {
+
+// A mixture-of-experts step's statistics (Note [MoE metrics] in python/tardelli/train/
+// trainer.py): unscaled aux and z losses (means over layers, forwards and ranks), the busiest
+// expert's load over the mean (max over layers, and the mean over layers), token-slots dropped
+// by the capacity (summed over layers and dp ranks).
+struct MoEMetrics {
+  double aux_loss = 0, z_loss = 0, max_load = 0, mean_load = 0;
+  int64_t dropped_tokens = 0;
+};
 
 // One optimizer step's metrics: the row python -m tardelli.train writes to --metrics-file.
 struct StepRecord {
@@ -63,11 +85,17 @@ struct StepRecord {
   int64_t peak_mem_bytes_max_rank = 0;
   std::vector<double> rank_compute_s, rank_wait_s;  // per world rank (Note [Straggler report])
   std::optional<int64_t> dp_comm_bytes;             // bytes handed to the gradient reduction
+  std::optional<int64_t> cross_node_bytes;          // --hierarchical-reduce: of those, across nodes
+  std::optional<MoEMetrics> moe;                    // --num-experts: the moe_* keys
   std::optional<double> loss_scale;                 // fp16
-  std::optional<bool> skipped;                      // fp16: the update was skipped
-  std::optional<double> val_loss;                   // on evaluation steps
-  std::optional<double> save_blocked_s;             // steps that saved: seconds it blocked
+  std::optional<bool> skipped;             // fp16 or --on-nonfinite skip: the update was skipped
+  std::optional<int64_t> nonfinite_skips;  // --on-nonfinite skip: steps skipped so far
+  std::optional<double> val_loss;          // on evaluation steps
+  std::optional<double> save_blocked_s;    // steps that saved: seconds the save blocked
   double step_seconds = 0;  // the step's wall time (not in the row: tokens_per_s says it)
+  // Not in the row either: --on-nonfinite skip skipped this step for a non-finite loss or
+  // gradient norm (Note [Non-finite steps] in python/tardelli/train/trainer.py).
+  bool nonfinite = false;
 
   // The metrics row (keys and order as the Python trainer's).
   json::Value to_json() const;
@@ -79,6 +107,23 @@ std::string format_log_line(const StepRecord& r, int64_t steps);
 // The best GEMM rate of this library here for `dtype` on `device` (FLOP/s): MFU's denominator,
 // measured once (n = 1024 on the CPU, 4096 on a GPU; the best of `reps`).
 double gemm_peak_flops(DType dtype, Device device, int64_t n = 0, int reps = 5);
+
+// The straggler report (Note [Straggler report] in python/tardelli/train/trainer.py): each step
+// every rank's time is split into compute and wait (seconds blocked in the job's
+// communicators), gathered over the world into the metrics row; a rank whose compute exceeds
+// --straggler-threshold x the median (and the median by kStragglerMinExcessS: on steps of
+// milliseconds the ratio is scheduler noise) is logged, at most once per --log-interval steps.
+inline constexpr double kStragglerMinExcessS = 0.01;
+// (world rank, compute / median) of the stragglers among `compute` (seconds per world rank);
+// none for one rank or threshold 0 (python's stragglers()).
+std::vector<std::pair<int, double>> stragglers(const std::vector<double>& compute,
+                                               double threshold);
+// "train: straggler rank R: compute X s is Y x the median".
+std::string straggler_line(int rank, double compute_s, double ratio);
+// Testing aid: TD_TEST_SLOW_RANK="RANK:SECONDS" makes world rank RANK sleep SECONDS in every
+// step's compute (a simulated straggler); 0 on the other ranks or unset; ConfigError when
+// malformed.
+double slow_rank_seconds(int rank);
 
 class Trainer {
  public:
@@ -102,7 +147,24 @@ class Trainer {
   // This rank's model chunks (one without pipelining).
   const std::vector<std::shared_ptr<models::GPT>>& chunks() const { return chunks_; }
   parallel::PipelineRuntime* pipeline() const { return pipe_.get(); }
-  distributed::DistributedDataParallel* ddp() const { return ddp_.get(); }
+  // The gradient reduction (ZeRO-3: the FSDP's; expert parallelism: the dense parameters');
+  // null for one plain process.
+  distributed::DistributedDataParallel* ddp() const { return ddp_; }
+  // ZeRO-3's parameter sharding; null otherwise.
+  distributed::FullyShardedDataParallel* fsdp() const { return fsdp_.get(); }
+  // Expert parallelism: the experts' gradient reduction and (ZeRO) sharded optimizer; null
+  // otherwise.
+  distributed::DistributedDataParallel* expert_ddp() const { return expert_ddp_.get(); }
+  distributed::DistributedOptimizer* expert_optimizer() const { return expert_opt_.get(); }
+  // The sharded optimizer (ZeRO; the dense parameters' under expert parallelism) or the AdamW
+  // (without ZeRO); the other is null.
+  distributed::DistributedOptimizer* sharded_optimizer() const { return zero_opt_.get(); }
+  optim::AdamW* adamw() const { return adamw_.get(); }
+  // The --grad-compression compressors, one per DDP (their error feedback is per-rank state a
+  // checkpoint keeps); empty without compression.
+  const std::vector<std::shared_ptr<distributed::GradCompressor>>& compressors() const {
+    return compressors_;
+  }
   // Parameters of the whole logical model (a pipeline counts every stage, gpt2's tied table
   // once); model FLOPs of one step.
   int64_t num_parameters() const { return n_params_; }
@@ -112,10 +174,20 @@ class Trainer {
 
   // Optimizer steps done so far.
   int64_t step() const { return step_; }
+  // --on-nonfinite skip: steps skipped for a non-finite loss or gradient norm, all and the
+  // latest run of consecutive ones (a checkpoint keeps both; set them when resuming).
+  int64_t nonfinite_skips() const { return skips_; }
+  int64_t consecutive_skips() const { return consecutive_; }
+  void set_nonfinite_skips(int64_t skips, int64_t consecutive) {
+    skips_ = skips;
+    consecutive_ = consecutive;
+  }
   double lr_at(int64_t step) const;
   // One optimizer step (the next one) over accumulation_steps() micro-batches per rank;
   // evaluates when the step is an --eval-interval multiple or the last. td::Error for a
-  // diverged (non-finite) loss or gradient norm, naming the step.
+  // diverged (non-finite) loss or gradient norm, naming the step; under --on-nonfinite skip
+  // such a step is skipped on every rank instead (rec.nonfinite; run() stops after
+  // --max-skipped-steps consecutive ones).
   StepRecord train_step();
   // The mean validation loss over --eval-steps micro-batches, averaged over the ranks; nullopt
   // without a validation split or with --eval-steps 0.
@@ -144,8 +216,19 @@ class Trainer {
   std::unique_ptr<BatchSource> loader_;
   std::vector<std::shared_ptr<models::GPT>> chunks_;
   std::unique_ptr<parallel::PipelineRuntime> pipe_;
-  std::unique_ptr<distributed::DistributedDataParallel> ddp_;
-  std::unique_ptr<distributed::DistributedOptimizer> zero_opt_;
+  // Declared before the optimizers that use them (destroyed after).
+  std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;      // ZeRO-3
+  std::unique_ptr<distributed::DistributedDataParallel> ddp_owned_;  // without ZeRO-3
+  distributed::DistributedDataParallel* ddp_ = nullptr;              // either one's DDP
+  // Expert parallelism (Note [Expert gradients] in python/tardelli/distributed/
+  // expert_parallel.py): ddp_ holds the dense parameters, expert_ddp_ the experts' (over edp,
+  // 1 / ep), each with its own sharded optimizer under ZeRO.
+  std::unique_ptr<distributed::DistributedDataParallel> expert_ddp_;
+  distributed::CommPtr expert_group_;  // tp-ep-pp: the experts' part of the gradient norm
+  std::unique_ptr<distributed::DistributedOptimizer> zero_opt_, expert_opt_;
+  std::vector<std::shared_ptr<distributed::GradCompressor>> compressors_;  // one per DDP
+  // The gradient reductions' communicators, and their cross-node groups (--hierarchical-reduce).
+  std::vector<distributed::CommPtr> reduce_comms_, cross_comms_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;
   distributed::CommPtr mp_group_;  // tp, or tp-pp with pipelining; null without model parallelism
@@ -153,18 +236,40 @@ class Trainer {
   int64_t n_params_ = 0;
   double flops_per_step_ = 0, peak_ = 0;
   int64_t step_ = 0;
+  int64_t skips_ = 0, consecutive_ = 0;      // Note [Non-finite steps]
+  std::set<int64_t> inject_grad_;            // --inject-nonfinite-grad steps
+  std::set<int64_t> inject_loss_;            // --inject-nonfinite-loss steps of this rank
+  double slow_s_ = 0;                        // TD_TEST_SLOW_RANK
   std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
 
   std::optional<LoadedState> resumed_;
   std::unique_ptr<AsyncSaver> saver_;  // --async-save, made at the first save
 
+  // The DDP (or ZeRO-3's FSDP) and the optimizer over `named` (src/train/trainer_reduction.cpp).
+  void build_reduction(const nn::NamedTensors& named, const std::vector<optim::ParamGroup>& groups,
+                       const optim::AdamWOptions& defaults);
+  // The group a gradient reduction over `axes` runs on: grid_->group(axes), two-level with
+  // --hierarchical-reduce (a new communicator, collective over the group).
+  distributed::CommPtr reduction_group(const std::string& axes) const;
+  // A fresh --grad-compression compressor for one DDP (null for none).
+  std::shared_ptr<distributed::GradCompressor> make_compressor();
+  void add_reduce_comm(const distributed::CommPtr& g);
+  // The DDPs of the step: ddp_ and, under expert parallelism, expert_ddp_ (none for one
+  // process).
+  std::vector<distributed::DistributedDataParallel*> ddp_parts() const;
+  // Per parameter of `ddp`: whether it counts in the gradient norm on this rank.
+  std::vector<bool> counted_in_norm(const distributed::DistributedDataParallel& ddp) const;
+  // The data-parallel group (null for one plain process).
+  distributed::CommPtr dp_group() const { return grid_ != nullptr ? grid_->dp() : nullptr; }
   double grad_norm_clipped(double max_norm);
   // Checkpoint hooks (src/train/trainer_checkpoint.cpp): --resume's load (returns the data
   // position to start from; 0 without --resume); the step's save when one is due, timed into
   // rec.save_blocked_s; the commit of a background save at the end of run().
   int64_t restore();
-  void save_if_due(StepRecord& rec, bool exiting,
+  void save_if_due(StepRecord& rec, bool exiting, bool give_up,
                    const std::function<void(const std::string&)>& say);
+  // meta.json's "nonfinite" (--on-nonfinite skip only).
+  std::optional<NonfiniteCounters> nonfinite_counters() const;
   void finish_saves(const std::function<void(const std::string&)>& say);
   std::string resumed_line() const;  // "train: resumed from PATH at step N (...)"
   std::vector<Tensor> parameters() const;
