@@ -275,6 +275,21 @@ def test_what_the_cpp_loop_lacks_is_refused_by_name(tmp_path):
     assert "--fp8 hybrid" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
 
 
+@pytest.mark.parametrize("extra,needle", [
+    (["--zero", "3"], "--zero 3"),
+    (["--cp", "2"], "--cp 2"),
+    (["--grad-compression", "powersgd"], "--grad-compression powersgd"),
+])
+def test_checkpoints_of_layouts_the_cpp_state_lacks_are_refused(tmp_path, extra, needle):
+    """Checkpoints whose extra state the C++ loop does not save yet (ZeRO-3's gathered
+    parameters, cp untested, the compressors' error feedback) are refused before training, so
+    no run writes a checkpoint that would resume wrongly."""
+    cpp = run_cpp(2, *MODEL, *extra, "--save", tmp_path / "ck", check=False)
+    assert cpp.returncode == 2, cpp.stderr
+    assert f"--save/--resume with {needle}" in cpp.stderr, cpp.stderr
+    assert not (tmp_path / "ck").exists()
+
+
 def test_help_lists_every_flag():
     p = run_cpp(1, "--help")
     assert p.returncode == 0
@@ -312,6 +327,8 @@ CROSS = [
     (2, ["--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--global-batch-size", "8"]),
     (2, ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--initial-loss-scale", "1024"]),
     (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
+    # meta.json's "nonfinite" counters: step 1 skipped, the resumed half goes on counting.
+    (2, ["--on-nonfinite", "skip", "--inject-nonfinite-grad", "1"]),
 ]
 
 
@@ -353,6 +370,10 @@ def test_checkpoints_cross_between_the_loops(tmp_path, nproc, extra):
     assert "save_blocked_s" not in rows[0]
     if "fp16" in extra:
         assert [r["loss_scale"] for r in rows] == [r["loss_scale"] for r in metrics(full)]
+    if "skip" in extra:
+        assert [r["nonfinite_skips"] for r in rows] == [1, 1, 1, 1]
+        assert [r["nonfinite_skips"] for r in metrics(c2p)] == [1, 1, 1, 1]
+        assert cpp_meta["nonfinite"] == {"skips": 1, "consecutive": 0}
 
 
 # Layout-free resume (tests/python/test_checkpoint_reshard.py's setting: no dropout, eps 1e-3,
