@@ -86,8 +86,8 @@ void Trainer::save_if_due(StepRecord& rec, bool exiting, bool give_up,
   if (c.async_save) {
     if (saver_ == nullptr) saver_ = std::make_unique<AsyncSaver>(world_);
     if (auto path = saver_->wait()) say("train: saved " + *path + " (in the background)");
-    const std::string path = saver_->save(state_view(), c.save, step_,
-                                          loader_->consumed_samples(), nonfinite_counters());
+    const std::string path = saver_->save(state_view(), c.save, step_, loader_->consumed_samples(),
+                                          nonfinite_counters());
     note = "train: saving " + path + " in the background";
   } else {
     note = "train: saved " + save(c.save);
