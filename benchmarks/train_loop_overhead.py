@@ -17,7 +17,6 @@ loop] in include/tardelli/train/trainer.h), so a timing never compares different
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+from tardelli.plan.calibrate import cpu_name  # noqa: E402
 
 LAYOUTS = {
     "1 rank": (1, []),
@@ -32,16 +34,6 @@ LAYOUTS = {
     "tp 2 + sp": (2, ["--tp", "2", "--sequence-parallel"]),
     "pp 2 1f1b": (2, ["--pp", "2", "--global-batch-size", "16"]),
 }
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def run(nproc, cmd, metrics, env):

@@ -125,6 +125,17 @@ void Trainer::build_reduction(const nn::NamedTensors& named,
                               const std::vector<optim::ParamGroup>& groups,
                               const optim::AdamWOptions& defaults) {
   const TrainConfig& c = cfg_;
+  // The options every DDP of the run shares (the trainer's bucket size and ZeRO stage; the
+  // pipeline-tied table in a bucket of its own under ZeRO-2), each with its own compressor.
+  auto ddp_options = [&] {
+    dist::DDPOptions o;
+    o.bucket_bytes = std::max<int64_t>(1, std::llround(c.ddp_bucket_mb * 1e6));
+    o.reduce_scatter = c.zero >= 1;
+    o.shard_grads = c.zero == 2;
+    if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
+    o.compressor = make_compressor();
+    return o;
+  };
   if (world_ != nullptr && c.zero == 3) {
     // ZeRO-3: parameters sharded over dp between uses, gathered per block (fully_sharded.h);
     // its DDP reduce-scatters each block's gradients into fp32 shards.
@@ -142,12 +153,7 @@ void Trainer::build_reduction(const nn::NamedTensors& named,
     TD_CHECK(!experts.empty(), "train: --ep ", c.ep, ": the model has no expert parameters");
     const dist::CommPtr dense_group = reduction_group("dp");
     const dist::CommPtr expert_group = reduction_group("edp");
-    dist::DDPOptions o;
-    o.bucket_bytes = std::max<int64_t>(1, std::llround(c.ddp_bucket_mb * 1e6));
-    o.reduce_scatter = c.zero >= 1;
-    o.shard_grads = c.zero == 2;
-    if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
-    o.compressor = make_compressor();
+    dist::DDPOptions o = ddp_options();
     ddp_owned_ = std::make_unique<dist::DistributedDataParallel>(dense, dense_group, o);
     ddp_ = ddp_owned_.get();
     o.own_bucket = {};
@@ -160,12 +166,7 @@ void Trainer::build_reduction(const nn::NamedTensors& named,
     // buckets; reductions start during the step's last backward (ZeRO-2: every micro-batch's).
     // Context parallelism: replicated parameters see only this rank's tokens, so their
     // gradients are averaged over dp x cp (Note [Context-parallel loss]).
-    dist::DDPOptions o;
-    o.bucket_bytes = std::max<int64_t>(1, std::llround(c.ddp_bucket_mb * 1e6));
-    o.reduce_scatter = c.zero >= 1;
-    o.shard_grads = c.zero == 2;
-    if (c.zero == 2 && c.pp > 1) o.own_bucket = {"wte.weight"};
-    o.compressor = make_compressor();
+    const dist::DDPOptions o = ddp_options();  // its compressor first, as python's trainer
     ddp_owned_ = std::make_unique<dist::DistributedDataParallel>(
         named, reduction_group(c.cp > 1 ? "dp-cp" : "dp"), o);
     ddp_ = ddp_owned_.get();
