@@ -84,11 +84,13 @@ std::optional<int64_t> metrics_row_step(const std::string& line) {
   return step->as_int();
 }
 
-MetricsFile::MetricsFile(const std::string& path, std::optional<int64_t> resume_step)
+MetricsFile::MetricsFile(const std::string& path, std::optional<int64_t> resume_step, bool append)
     : path_(path) {
   if (path_.empty()) return;
   make_parent(path_);
-  if (resume_step && fs::exists(path_)) {
+  if (append) {
+    f_ = std::fopen(path_.c_str(), "a");
+  } else if (resume_step && fs::exists(path_)) {
     // Python rewrites the kept rows with json.dumps(json.loads(line)), which gives back the
     // line's own text for rows either trainer wrote: the lines are kept as they are.
     std::ifstream in(path_);

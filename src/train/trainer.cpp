@@ -26,6 +26,7 @@
 #include "tardelli/parallel/expert_parallel.h"
 #include "tardelli/parallel/parallelize.h"
 #include "tardelli/train/metrics_file.h"
+#include "tardelli/train/supervision.h"
 #include "train_util.h"
 
 namespace td::train {
@@ -556,9 +557,23 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
         "; global batch " + std::to_string(global_batch_) + " x " + std::to_string(c.seq_len) +
         " tokens (" + layout + "); GEMM peak " + fmt("%.0f", peak_ / 1e9) + " GFLOP/s");
   }
+  if (!fresh_start_note_.empty()) say(fresh_start_note_);
   if (resumed_) say(resumed_line());
+  // Note [Supervised metrics] (python/tardelli/train/trainer.py): a restarted attempt appends
+  // after a restart event row, so the file holds every attempt's rows.
+  const bool restarted = attempt_.value_or(0) > 0;
   MetricsFile metrics(is_main() ? c.metrics_file : "",
-                      c.resume ? std::optional<int64_t>(step_) : std::nullopt);
+                      c.resume ? std::optional<int64_t>(step_) : std::nullopt, restarted);
+  if (restarted) {
+    json::Value event = json::Object{};
+    event.set("event", "restart");
+    event.set("attempt", *attempt_);
+    event.set("step", step_);
+    event.set("cause", restart_cause());
+    metrics.write(event);
+  }
+  const int rank = world_ != nullptr ? world_->rank() : 0;
+  heartbeat(rank, step_);  // built and resumed: the first step may start
   std::optional<StepRecord> last;
   std::optional<double> val_loss;
   double t_train = 0;
@@ -595,9 +610,11 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
                   " (diverged; lower --lr or use --clip-grad)");
     }
     last = rec;
+    heartbeat(rank, step_);
     if (exiting) break;
   }
   finish_saves(say);
+  heartbeat(rank, step_, true);
   json::Value s = json::Object{};
   s.set("event", "train_end");
   s.set("step", step_);

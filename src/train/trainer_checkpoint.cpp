@@ -3,6 +3,8 @@
 // them, through train_state.h.
 #include <chrono>
 
+#include "tardelli/checkpoint/checkpoint.h"
+#include "tardelli/train/supervision.h"
 #include "tardelli/train/trainer.h"
 
 namespace td::train {
@@ -30,6 +32,12 @@ TrainState Trainer::state_view() const {
 }
 
 int64_t Trainer::restore() {
+  attempt_ = supervised_attempt();
+  if (attempt_ && !(cfg_.resume && !cfg_.save.empty())) {
+    throw ConfigError(
+        "under python -m tardelli.launch --max-restarts the job restarts from its latest "
+        "checkpoint: give --save DIR --resume");
+  }
   if (!cfg_.save.empty() || cfg_.resume) {
     // What train_state.h does not carry yet: ZeRO-3's gathered parameters, the expert
     // optimizer, the compressors' error feedback; context parallelism's replicas are handled
@@ -47,6 +55,14 @@ int64_t Trainer::restore() {
     refuse(cfg_.grad_compression != "none", "--grad-compression " + cfg_.grad_compression);
   }
   if (!cfg_.resume) return 0;
+  if (attempt_ && !checkpoint::find_latest(cfg_.save)) {
+    // A supervised job's first attempt starts the run its later attempts resume (unsupervised,
+    // nothing to resume is an error: resume_path says why).
+    fresh_start_note_ = "train: --resume: no checkpoint under " + cfg_.save +
+                        " yet (supervised attempt " + std::to_string(*attempt_) +
+                        "); starting from scratch";
+    return 0;
+  }
   LoadedState st = load_state(state_view(), resume_path(cfg_.save));
   step_ = st.step;
   if (scaler_ != nullptr && st.loss_scaler) scaler_->load_state(*st.loss_scaler);

@@ -509,3 +509,45 @@ def test_a_checkpoint_damaged_for_one_rank_fails_every_rank(tmp_path):
     assert cpp.returncode == 2, cpp.stderr
     assert "'shards.rank00001.safetensors' is damaged" in cpp.stderr
     assert "failed on another rank" in cpp.stderr
+
+
+def test_supervised_restart_of_the_cpp_loop(tmp_path):
+    """tardelli-train under python -m tardelli.launch --max-restarts: rank 1 SIGKILLed at step
+    3 of attempt 0 (TD_TEST_FAULT, at that step's heartbeat); the launcher restarts the job,
+    which resumes from step 2's checkpoint (the first attempt started from scratch with
+    --resume). The effective history (each step's last row) is the Python trainer's
+    uninterrupted run, bitwise, and the metrics file holds the restart event between the
+    attempts, as the Python trainer writes it (Note [Supervised metrics])."""
+    from tardelli.train import report
+    full = tmp_path / "full.jsonl"
+    run_python(2, "tardelli.train", *MODEL, "--metrics-file", full)
+    m, save = tmp_path / "m.jsonl", tmp_path / "save"
+    env = dict(ENV, TD_TEST_FAULT="attempt0:rank1:step3:kill")
+    p = subprocess.run([sys.executable, "-m", "tardelli.launch", "--nproc", "2", "--timeout", "60",
+                        "--max-restarts", "2", "--heartbeat-timeout", "30", str(BIN), *MODEL,
+                        "--save", str(save), "--save-interval", "2", "--resume",
+                        "--metrics-file", str(m)],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert "no checkpoint under" in p.stdout and "supervised attempt 0" in p.stdout
+    assert "attempt 0 failed: rank 1 (pid " in p.stderr
+    assert f"train: resumed from {save / STEP2} at step 2" in p.stdout
+    rows = report.read_metrics(m)
+    # Rank 0 wrote step 3's row before rank 1 died at that step's heartbeat: the step repeats.
+    assert [r.get("event", r["step"]) for r in rows] == [1, 2, 3, "restart", 3, 4]
+    assert rows[3]["attempt"] == 1 and rows[3]["step"] == 2 and "signal 9" in rows[3]["cause"]
+    assert rows[2]["loss"] == rows[4]["loss"]
+    eff = [(r["step"], r["loss"], r["grad_norm"], r.get("val_loss"))
+           for r in report.effective_rows(rows)]
+    assert eff == [(r["step"], r["loss"], r["grad_norm"], r.get("val_loss"))
+                   for r in metrics(full)]
+
+
+def test_supervised_cpp_loop_needs_save_and_resume(tmp_path):
+    """Under the supervisor a run without --save DIR --resume could not continue after a
+    restart: refused before training, with the Python trainer's text."""
+    env = dict(ENV, TD_RESTART_ATTEMPT="0", TD_HEARTBEAT_DIR=str(tmp_path))
+    p = subprocess.run([str(BIN), *MODEL], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "give --save DIR --resume" in p.stderr

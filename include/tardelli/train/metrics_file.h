@@ -17,7 +17,10 @@ class MetricsFile {
   // resumed from), which keeps the rows of steps <= resume_step and appends after them, so the
   // file describes one history (report.MetricsFile's rule). td::Error naming the path when it
   // cannot be opened or rewritten.
-  explicit MetricsFile(const std::string& path, std::optional<int64_t> resume_step = std::nullopt);
+  // append: keep every row and add after them (a restarted attempt of a supervised run, Note
+  // [Supervised metrics] in python/tardelli/train/trainer.py: a step may then have several rows).
+  explicit MetricsFile(const std::string& path, std::optional<int64_t> resume_step = std::nullopt,
+                       bool append = false);
   ~MetricsFile();
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;

@@ -30,12 +30,13 @@
 //
 // Checkpoints (--save, --save-interval, --exit-interval, --resume, --async-save) are
 // python/tardelli/train/state.py's, in its format: either loop resumes the other's, at the same
-// layout bitwise, at another one through the layout-free pieces (train/train_state.h).
+// layout bitwise, at another one through the layout-free pieces (train/train_state.h). Under
+// python -m tardelli.launch --max-restarts, run() writes the supervisor's heartbeats and restart
+// events (train/supervision.h).
 //
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): FP8 and per-layer precision, --plan auto, supervised restarts
-// (python -m tardelli.launch --max-restarts: the heartbeat files), and checkpoints together with
-// ZeRO-3, context or expert parallelism or gradient compression (whose extra state, the full
+// tardelli.train runs them): FP8 and per-layer precision, --plan auto, and checkpoints together
+// with ZeRO-3, context or expert parallelism or gradient compression (whose extra state, the full
 // ZeRO-3 parameters, the expert optimizer and the compressors' error feedback, train_state.h
 // does not carry yet).
 #include <cstdint>
@@ -243,6 +244,8 @@ class Trainer {
   std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
 
   std::optional<LoadedState> resumed_;
+  std::optional<int> attempt_;         // supervised restarts: this attempt (supervision.h)
+  std::string fresh_start_note_;       // a supervised first attempt with nothing to resume
   std::unique_ptr<AsyncSaver> saver_;  // --async-save, made at the first save
 
   // The DDP (or ZeRO-3's FSDP) and the optimizer over `named` (src/train/trainer_reduction.cpp).

@@ -56,9 +56,7 @@ def build_command(nproc, program, env=None, cpu_count=None, is_root=None, which=
     is_root = (os.geteuid() == 0) if is_root is None else is_root
     python = python or sys.executable
     program = list(program)
-    native = bool(program) and program[0] != "-m" and not program[0].endswith(".py") and \
-        os.path.isfile(program[0]) and os.access(program[0], os.X_OK)
-    target = program if native else [python] + program
+    target = program if supervisor.is_native_program(program) else [python] + program
     # Ranks share this node's cores: without a limit every rank's OpenMP pool would take all
     # of them and oversubscribe the machine nproc-fold (torchrun sets 1; we split the cores).
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // nproc)))

@@ -143,10 +143,20 @@ def wrap_rank(argv):
     return 128 - code if code < 0 else code
 
 
+def is_native_program(program):
+    """Whether `program` (a launcher's argv after the interpreter) is a native executable such
+    as tardelli-train: a file that is executable and is neither `-m module` nor a .py script.
+    It then runs as it is, without the interpreter."""
+    program = list(program)
+    return bool(program) and program[0] != "-m" and not program[0].endswith(".py") and \
+        os.path.isfile(program[0]) and os.access(program[0], os.X_OK)
+
+
 def wrapped_program(program, python=None):
-    """The argv after the interpreter that runs `program` (["-m", mod, ...] or [script, ...])
-    under the rank wrapper."""
-    return [os.path.abspath(__file__), "--", python or sys.executable] + list(program)
+    """The argv after the interpreter that runs `program` (["-m", mod, ...], [script, ...] or a
+    native executable's argv) under the rank wrapper."""
+    interpreter = [] if is_native_program(program) else [python or sys.executable]
+    return [os.path.abspath(__file__), "--"] + interpreter + list(program)
 
 
 # ---- the launcher's decisions (pure functions of the directory and the clock) ----
