@@ -12,6 +12,7 @@
 #include "py_format.h"
 #include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/grad_mode.h"
+#include "tardelli/checkpoint/training_state.h"
 #include "tardelli/core/allocator.h"
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/core/error.h"
@@ -41,13 +42,6 @@ using detail::perf_s;
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-DType compute_dtype(const std::string& name) {
-  if (name == "bf16") return DType::BFloat16;
-  if (name == "fp16") return DType::Float16;
-  TD_CHECK(name == "fp32", "train: unknown --dtype '", name, "'");
-  return DType::Float32;
-}
 
 // Refuses what the C++ loop does not run yet (see the header), naming the flag.
 void check_supported(const TrainConfig& c) {
@@ -189,7 +183,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   mcfg_.d_model = c.d_model;
   mcfg_.ffn_hidden = c.ffn_hidden;
   mcfg_.dropout = c.dropout;
-  mcfg_.dtype = compute_dtype(c.dtype);
+  mcfg_.dtype = checkpoint::parse_short_dtype(c.dtype);
   mcfg_.seed = static_cast<uint64_t>(c.seed);
   mcfg_.num_experts = c.num_experts;
   mcfg_.moe_top_k = c.moe_top_k;

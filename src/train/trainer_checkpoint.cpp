@@ -1,21 +1,15 @@
 // The Trainer's checkpoint hooks (include/tardelli/train/trainer.h): --resume, --save,
 // --save-interval, --exit-interval and --async-save as python/tardelli/train/trainer.py runs
 // them, through train_state.h.
-#include <chrono>
-
 #include "tardelli/checkpoint/checkpoint.h"
 #include "tardelli/train/supervision.h"
 #include "tardelli/train/trainer.h"
 
+#include "train_util.h"
+
 namespace td::train {
 
-namespace {
-
-double perf_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+using detail::perf_s;
 
 TrainState Trainer::state_view() const {
   TrainState s;

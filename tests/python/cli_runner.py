@@ -24,6 +24,24 @@ def run(nproc, module, *args, check=True, timeout=120):
     return p
 
 
+def kill_at_async_save(argv, env, step_dir="step_00000002"):
+    """Runs `argv` (a trainer with --async-save and TD_TEST_ASYNC_SAVE_DELAY in `env`) and sends
+    it SIGKILL as soon as it reports the background save of `step_dir`; returns (returncode,
+    the lines it printed). The test aid of both trainers' crash-during-save tests."""
+    import signal
+    p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if "saving" in line and step_dir in line:
+                p.send_signal(signal.SIGKILL)
+                break
+    finally:
+        p.wait(timeout=60)
+    return p.returncode, seen
+
+
 def metrics(path):
     """The records of a --metrics-file (JSON lines)."""
     return [json.loads(line) for line in open(path)]

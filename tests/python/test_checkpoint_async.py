@@ -2,7 +2,6 @@
 synchronous run's, the step is blocked only for the host snapshot, and a process killed while
 the background writer runs leaves the previous checkpoint intact and resumable."""
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 import tardelli as td
 
-from cli_runner import ENV, ROOT, metrics, run
+from cli_runner import ENV, kill_at_async_save, metrics, run
 
 BASE = ["--synthetic-data", "--vocab-size", "301", "--layers", "2", "--d-model", "32",
         "--heads", "4", "--seq-len", "16", "--global-batch-size", "8", "--micro-batch-size",
@@ -57,17 +56,8 @@ def test_kill_during_background_write_keeps_the_previous_checkpoint(tmp_path):
     env = dict(ENV, TD_TEST_ASYNC_SAVE_DELAY="3", PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "tardelli.train", *BASE, "--async-save", "--save", str(save),
             "--metrics-file", str(m)]
-    p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        for line in p.stdout:
-            seen.append(line)
-            if "saving" in line and "step_00000002" in line:
-                p.send_signal(signal.SIGKILL)
-                break
-    finally:
-        p.wait(timeout=60)
-    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    code, seen = kill_at_async_save(argv, env)
+    assert code == -signal.SIGKILL, "".join(seen)
     assert any("saved" in x and "step_00000001" in x for x in seen), "".join(seen)
     latest = td.checkpoint.find_latest(str(save))
     assert latest.endswith("step_00000001")

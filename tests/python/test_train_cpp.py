@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from cli_runner import ENV, ROOT, make_corpus, metrics
+from cli_runner import ENV, ROOT, kill_at_async_save, make_corpus, metrics
 from cli_runner import run as run_python
 
 
@@ -445,19 +445,9 @@ def test_async_save_in_the_cpp_loop(tmp_path):
 
     save, m = tmp_path / "killed", tmp_path / "m.jsonl"
     env = dict(ENV, TD_TEST_ASYNC_SAVE_DELAY="3")
-    p = subprocess.Popen([str(BIN), *MODEL, "--save-interval", "1", "--async-save", "--save",
-                          str(save), "--metrics-file", str(m)], env=env, cwd=ROOT,
-                         stdout=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        for line in p.stdout:
-            seen.append(line)
-            if "saving" in line and "step_00000002" in line:
-                p.send_signal(signal.SIGKILL)
-                break
-    finally:
-        p.wait(timeout=60)
-    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    code, seen = kill_at_async_save([str(BIN), *MODEL, "--save-interval", "1", "--async-save",
+                                     "--save", str(save), "--metrics-file", str(m)], env)
+    assert code == -signal.SIGKILL, "".join(seen)
     assert any(f"saved {save / 'step_00000001'} (in the background)" in x for x in seen), seen
     latest = td.checkpoint.find_latest(str(save))
     assert latest.endswith("step_00000001")
