@@ -125,6 +125,7 @@ json::Value StepRecord::to_json() const {
     r.set("moe_dropped_tokens", moe->dropped_tokens);
   }
   if (loss_scale) r.set("loss_scale", *loss_scale);
+  if (precision) r.set("precision", *precision);
   if (skipped) r.set("skipped", *skipped);
   if (nonfinite_skips) r.set("nonfinite_skips", *nonfinite_skips);
   if (val_loss) r.set("val_loss", *val_loss);

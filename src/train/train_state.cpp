@@ -250,21 +250,26 @@ int64_t optimizer_step(const TrainState& s) {
   return step;
 }
 
-// This rank's rng.rankNNNNN.json: each chunk's dropout streams and block linears' names
-// (state.py's _rng_state; FP8 and precision-policy state are not in the C++ loop), as Python's
-// json.dumps writes it.
+// This rank's rng.rankNNNNN.json: each chunk's dropout streams and block linears' state (names,
+// FP8 scalings, precision policy: state.py's _rng_state), as Python's json.dumps writes it.
 std::string rng_text(const TrainState& s) {
   json::Array chunks;
-  for (const auto& ch : s.chunks) {
+  for (size_t i = 0; i < s.chunks.size(); ++i) {
+    const auto& ch = s.chunks[i];
     json::Value c = json::Object{};
     c.set("stage", stage_json(*ch));
     c.set("dropout", ck::generator_to_json(ch->dropout_generator()));
     c.set("split_rng", ch->parallelism() != nullptr
                            ? ck::generator_to_json(ch->parallelism()->split_generator())
                            : json::Value());
-    json::Array linears;
-    for (const std::string& n : ch->linear_names()) linears.emplace_back(n);
-    c.set("linears", std::move(linears));
+    if (s.precision != nullptr) {
+      const json::Value state = s.precision->chunk_state(i);
+      for (const auto& [k, v] : state.as_object()) c.set(k, v);
+    } else {
+      json::Array linears;
+      for (const std::string& n : ch->linear_names()) linears.emplace_back(n);
+      c.set("linears", std::move(linears));
+    }
     chunks.push_back(std::move(c));
   }
   return python_json(json::Object{{"chunks", std::move(chunks)}});
@@ -570,13 +575,16 @@ void load_tensors(const TrainState& s, const ck::PieceIndex& index, int64_t step
   s.adamw->load_state_dict(sd);
 }
 
-// The dropout streams: this rank's own at the same layout, else rank 0's first chunk's.
+// The dropout streams: this rank's own at the same layout, else rank 0's first chunk's. The block
+// linears' state: this rank's own at the same layout, else found by name in every saved rank's
+// file (it is the same on every rank holding a layer: Note [Amax reduction]).
 void load_rng(const TrainState& s, const ck::CheckpointReader& reader, bool same_layout) {
   const int rank = s.world != nullptr ? s.world->rank() : 0;
   const json::Value& meta = reader.meta();
   if (same_layout && reader.has_file(rng_file(rank))) {
     const json::Value saved = json::parse(reader.read_bytes(rng_file(rank)));
-    for (const auto& ch : s.chunks) {
+    for (size_t i = 0; i < s.chunks.size(); ++i) {
+      const auto& ch = s.chunks[i];
       const json::Value mine = stage_json(*ch);
       const json::Value* found = nullptr;
       for (const json::Value& c : saved.at("chunks").as_array()) {
@@ -589,12 +597,32 @@ void load_rng(const TrainState& s, const ck::CheckpointReader& reader, bool same
       if (sr != nullptr && !sr->is_null() && ch->parallelism() != nullptr) {
         ck::generator_from_json(*sr, ch->parallelism()->split_generator());
       }
+      if (s.precision != nullptr) s.precision->load_chunk_state(i, {found});
     }
-  } else if (const json::Value* rng = meta.find("rng")) {
+    return;
+  }
+  if (const json::Value* rng = meta.find("rng")) {
     for (const auto& ch : s.chunks) {
       ck::generator_from_json(rng->at("dropout"), ch->dropout_generator());
     }
   }
+  if (s.precision == nullptr) return;
+  const json::Value* layout = meta.find("parallel");
+  const json::Value* w = layout != nullptr ? layout->find("world") : nullptr;
+  const int64_t saved_world = w != nullptr ? w->as_int() : 1;
+  std::vector<json::Value> files;
+  for (int64_t r = 0; r < saved_world; ++r) {
+    if (reader.has_file(rng_file(static_cast<int>(r)))) {
+      files.push_back(json::parse(reader.read_bytes(rng_file(static_cast<int>(r)))));
+    }
+  }
+  std::vector<const json::Value*> saved;
+  for (const json::Value& f : files) {
+    if (const json::Value* cs = f.find("chunks")) {
+      for (const json::Value& c : cs->as_array()) saved.push_back(&c);
+    }
+  }
+  for (size_t i = 0; i < s.chunks.size(); ++i) s.precision->load_chunk_state(i, saved);
 }
 
 LoadedState load_local(const TrainState& s, const std::string& path) {

@@ -52,9 +52,6 @@ void check_supported(const TrainConfig& c) {
                         "python -m tardelli.train runs it");
     }
   };
-  refuse(c.fp8 != "none", "--fp8 " + c.fp8);
-  refuse(c.precision_policy != "static", "--precision-policy " + c.precision_policy);
-  refuse(!c.precision_map.empty(), "--precision-map");
   refuse(!c.plan.empty(), "--plan");
 }
 
@@ -143,8 +140,10 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     dims.dp = static_cast<int>(dp_size_);
     dims.ep = static_cast<int>(c.ep);
     // Expert parallelism: the experts' norm group (Note [Expert layout] in process_grid.h).
-    grid_ = std::make_unique<dist::ProcessGrid>(
-        world_, dims, c.ep > 1 ? std::vector<std::string>{"tp-ep-pp"} : std::vector<std::string>{});
+    std::vector<std::string> extra;
+    if (c.ep > 1) extra.emplace_back("tp-ep-pp");
+    if (precision_active(c)) extra.emplace_back("tp-cp-dp");  // Note [Amax reduction]
+    grid_ = std::make_unique<dist::ProcessGrid>(world_, dims, extra);
   }
   accum_ = train::accumulation_steps(c, dp_size_);
   global_batch_ = c.micro_batch_size * dp_size_ * accum_;
@@ -221,6 +220,10 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     ch->train();
     if (!device_.is_cpu()) ch->to(device_);
   }
+  // FP8 scalings and per-layer precision of the block linears (docs/fp8.md).
+  precision_ = std::make_unique<BlockPrecision>(
+      c, chunks_, grid_ != nullptr && precision_active(c) ? grid_->group("tp-cp-dp") : nullptr,
+      c.pp > 1 ? grid_->pp() : nullptr);
   if (c.tp > 1 || c.pp > 1) mp_group_ = c.pp > 1 ? grid_->tp_pp() : grid_->tp();
   if (c.ep > 1) expert_group_ = grid_->group("tp-ep-pp");
 
@@ -430,6 +433,8 @@ StepRecord Trainer::train_step() {
     }
   }
   if (ddp_ == nullptr) adamw_->zero_grad(true);
+  // Note [Amax reduction]: every rank commits the same amaxes and decisions.
+  std::optional<json::Value> precision = precision_->step();
   if (device_.is_cuda()) cuda_synchronize(device_.index);
   const double dt = perf_s() - t0;
   const double wait = blocked_seconds(comms_) - blocked0;
@@ -482,6 +487,7 @@ StepRecord Trainer::train_step() {
     rec.moe->z_loss = mean_over_ranks(rec.moe->z_loss, world_);
   }
   if (scaler_ != nullptr) rec.loss_scale = loss_scale;
+  rec.precision = std::move(precision);
   if (scaler_ != nullptr || c.on_nonfinite == "skip") rec.skipped = !applied;
   if (c.on_nonfinite == "skip") rec.nonfinite_skips = skips_;
   if (!std::isfinite(rec.loss) && !nonfinite) {
@@ -659,6 +665,10 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     s.set("moe_bias_replicated", detail::moe_bias_replicated(chunks_, dp_group()));
   }
   if (c.on_nonfinite == "skip") s.set("nonfinite_skips", skips_);
+  if (precision_->report()) {
+    s.set("precision", precision_->summary_counts());
+    s.set("precision_replicated", precision_->replicated(world_));
+  }
   if (scaler_ != nullptr) {
     s.set("loss_scale", scaler_->scale());
     s.set("skipped_steps", scaler_->state().skipped_steps);

@@ -21,6 +21,7 @@ TrainState Trainer::state_view() const {
   s.adamw = adamw_.get();
   s.zero = zero_opt_.get();
   s.scaler = scaler_.get();
+  s.precision = precision_.get();
   s.tokenizer_dir = data_->tokenizer_dir();
   return s;
 }

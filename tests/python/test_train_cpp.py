@@ -51,10 +51,12 @@ def _history(path):
     """Per step: the numbers both front ends must agree on bitwise (the bytes handed to the
     gradient reduction too: the same buckets, compressed alike)."""
     return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss"),
-             r.get("dp_comm_bytes"), r.get("cross_node_bytes"), *[r.get(k) for k in MOE_KEYS])
+             r.get("dp_comm_bytes"), r.get("cross_node_bytes"), r.get("precision"),
+             *[r.get(k) for k in MOE_KEYS])
             for r in metrics(path)]
 
 
+FP8 = ["--fp8", "hybrid", "--fp8-amax-history", "2"]
 MOE_KEYS = ("moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_mean_load", "moe_dropped_tokens")
 MOE = ["--num-experts", "4", "--moe-top-k", "2", "--moe-z-loss-coeff", "1e-3",
        "--moe-router-bias-update-rate", "1e-2"]
@@ -99,6 +101,15 @@ LAYOUTS = [
     (2, [*MOE, "--pp", "2", "--global-batch-size", "4", "--moe-layer-freq", "2"]),
     (4, [*MOE, "--ep", "2", "--tp", "2"]),
     (4, [*MOE, "--ep", "2", "--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
+    # FP8 and per-layer precision: the amaxes and decisions agreed on over tp x cp x dp, the
+    # row's "precision" object with every pipeline stage's linears.
+    (1, [*FP8, "--dtype", "bf16"]),
+    (2, [*FP8, "--fp8", "e4m3", "--tp", "2", "--sequence-parallel"]),
+    (2, [*FP8, "--precision-policy", "adaptive", "--precision-fp8-error", "0.04",
+         "--precision-stable-steps", "1", "--global-batch-size", "8"]),
+    (2, [*FP8, "--pp", "2", "--precision-policy", "adaptive", "--precision-fp8-error", "0.04",
+         "--global-batch-size", "4"]),
+    (2, ["--precision-policy", "adaptive", "--precision-bf16-error", "1e-4", "--zero", "1"]),
 ]
 
 
@@ -268,11 +279,11 @@ def test_bad_toml_names_the_file(tmp_path):
 
 
 def test_what_the_cpp_loop_lacks_is_refused_by_name(tmp_path):
-    """A feature only the Python trainer has (FP8 here) is a clear error, not a run that
-    silently ignores the flag."""
-    cpp = run_cpp(2, *MODEL, "--fp8", "hybrid", check=False)
+    """A feature only the Python front end has (--plan auto: the planner is Python) is a clear
+    error, not a run that silently ignores the flag."""
+    cpp = run_cpp(2, *MODEL, "--plan", "auto", check=False)
     assert cpp.returncode == 2, cpp.stderr
-    assert "--fp8 hybrid" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
+    assert "--plan" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
 
 
 @pytest.mark.parametrize("extra,needle", [
@@ -329,6 +340,9 @@ CROSS = [
     (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
     # meta.json's "nonfinite" counters: step 1 skipped, the resumed half goes on counting.
     (2, ["--on-nonfinite", "skip", "--inject-nonfinite-grad", "1"]),
+    # The rng files' FP8 scalings and adaptive-policy state (per chunk, per linear).
+    (2, [*FP8, "--tp", "2", "--precision-policy", "adaptive", "--precision-fp8-error", "0.04",
+         "--precision-stable-steps", "1"]),
 ]
 
 

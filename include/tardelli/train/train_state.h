@@ -8,7 +8,8 @@
 //                                     optimizer, parallel (the saving layout), train (the flags),
 //                                     loss_scaler (fp16), nonfinite (--on-nonfinite skip)
 //   SAVE/step_00000500/shards.rankNNNNN.{safetensors,index.json}   rank NNNNN's pieces
-//   SAVE/step_00000500/rng.rankNNNNN.json                          its dropout streams
+//   SAVE/step_00000500/rng.rankNNNNN.json                          its dropout streams and
+//                                     block linears' FP8 scalings and precision-policy state
 //   SAVE/step_00000500/vocab.json, merges.txt                      the tokenizer, if any
 //
 // Note [One checkpoint format for both loops]: every file is what state.py writes for the same
@@ -34,6 +35,7 @@
 #include "tardelli/optim/adamw.h"
 #include "tardelli/optim/loss_scaler.h"
 #include "tardelli/train/train_config.h"
+#include "tardelli/train/train_precision.h"
 
 namespace td::train {
 
@@ -56,6 +58,7 @@ struct TrainState {
   optim::AdamW* adamw = nullptr;                     // one of adamw / zero is set
   distributed::DistributedOptimizer* zero = nullptr;
   optim::DynamicLossScaler* scaler = nullptr;  // fp16
+  BlockPrecision* precision = nullptr;         // the block linears' state (null: names only)
   std::string tokenizer_dir;                   // copied into the checkpoint when not empty
 };
 

@@ -34,11 +34,14 @@
 // python -m tardelli.launch --max-restarts, run() writes the supervisor's heartbeats and restart
 // events (train/supervision.h).
 //
+// FP8 and per-layer precision (--fp8, --precision-policy, --precision-map): the block linears'
+// state is agreed on once per step after the update, over the ranks holding the same layers
+// (train_precision.h), and reported in the row's "precision" object.
+//
 // Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): FP8 and per-layer precision, --plan auto, and checkpoints together
-// with ZeRO-3, context or expert parallelism or gradient compression (whose extra state, the full
-// ZeRO-3 parameters, the expert optimizer and the compressors' error feedback, train_state.h
-// does not carry yet).
+// tardelli.train runs them): --plan auto, and checkpoints together with ZeRO-3, context or
+// expert parallelism or gradient compression (whose extra state, the full ZeRO-3 parameters, the
+// expert optimizer and the compressors' error feedback, train_state.h does not carry yet).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,6 +63,7 @@
 #include "tardelli/parallel/pipeline_runtime.h"
 #include "tardelli/train/train_config.h"
 #include "tardelli/train/train_data.h"
+#include "tardelli/train/train_precision.h"
 #include "tardelli/train/train_state.h"
 
 namespace td::train {
@@ -89,6 +93,7 @@ struct StepRecord {
   std::optional<int64_t> cross_node_bytes;          // --hierarchical-reduce: of those, across nodes
   std::optional<MoEMetrics> moe;                    // --num-experts: the moe_* keys
   std::optional<double> loss_scale;                 // fp16
+  std::optional<json::Value> precision;             // adaptive policy or a map (train_precision.h)
   std::optional<bool> skipped;             // fp16 or --on-nonfinite skip: the update was skipped
   std::optional<int64_t> nonfinite_skips;  // --on-nonfinite skip: steps skipped so far
   std::optional<double> val_loss;          // on evaluation steps
@@ -166,6 +171,8 @@ class Trainer {
   const std::vector<std::shared_ptr<distributed::GradCompressor>>& compressors() const {
     return compressors_;
   }
+  // The block linears' FP8 scalings and per-layer precision (train_precision.h).
+  const BlockPrecision& precision() const { return *precision_; }
   // Parameters of the whole logical model (a pipeline counts every stage, gpt2's tied table
   // once); model FLOPs of one step.
   int64_t num_parameters() const { return n_params_; }
@@ -232,6 +239,7 @@ class Trainer {
   std::vector<distributed::CommPtr> reduce_comms_, cross_comms_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;
+  std::unique_ptr<BlockPrecision> precision_;
   distributed::CommPtr mp_group_;  // tp, or tp-pp with pipelining; null without model parallelism
   Device device_ = kCPU;
   int64_t n_params_ = 0;
