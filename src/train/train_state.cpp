@@ -32,6 +32,12 @@ namespace {
 
 constexpr std::array<const char*, 2> kMoments = {"exp_avg", "exp_avg_sq"};
 
+std::string comm_file(int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "compression.rank%05d.safetensors", rank);
+  return buf;
+}
+
 std::string rng_file(int rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "rng.rank%05d.json", rank);
@@ -205,11 +211,18 @@ std::unordered_map<const TensorImpl*, std::string> names_by_identity(const Train
 std::vector<ck::GlobalPiece> rank_pieces(const TrainState& s) {
   const auto places = places_of(s);
   std::vector<ck::GlobalPiece> pieces;
-  for (const auto& ch : s.chunks) {
-    for (const auto& [n, t] : ch->named_parameters()) {
-      const Place& pl = places.at(n);
-      if (pl.owner && saves_replicas(s, n)) pl.pieces(n, t, pieces);
+  // ZeRO-3: the gathered parameters (a collective over dp), in the units' order.
+  nn::NamedTensors values;
+  if (s.fsdp != nullptr) {
+    values = s.fsdp->full_parameters();
+  } else {
+    for (const auto& ch : s.chunks) {
+      for (const auto& [n, t] : ch->named_parameters()) values.emplace_back(n, t);
     }
+  }
+  for (const auto& [n, t] : values) {
+    const Place& pl = places.at(n);
+    if (pl.owner && saves_replicas(s, n)) pl.pieces(n, t, pieces);
   }
   for (const auto& ch : s.chunks) {
     for (const auto& [n, b] : ch->named_buffers()) {
@@ -219,11 +232,14 @@ std::vector<ck::GlobalPiece> rank_pieces(const TrainState& s) {
     }
   }
   if (s.zero != nullptr) {
-    for (const auto& [key, v] : s.zero->named_state()) {
-      const auto k = parse_zero_key(key);
-      if (!k || k->kind == "master") continue;  // the masters are the parameters
-      const Place& pl = places.at(k->param);
-      if (pl.owner) pl.flat_pieces(k->param + "." + k->kind, v, k->begin, k->end, pieces);
+    for (auto* opt : {s.zero, s.expert_zero}) {
+      if (opt == nullptr) continue;
+      for (const auto& [key, v] : opt->named_state()) {
+        const auto k = parse_zero_key(key);
+        if (!k || k->kind == "master") continue;  // the masters are the parameters
+        const Place& pl = places.at(k->param);
+        if (pl.owner) pl.flat_pieces(k->param + "." + k->kind, v, k->begin, k->end, pieces);
+      }
     }
   } else {
     const auto names = names_by_identity(s);
@@ -340,6 +356,7 @@ struct SaveJob {
   std::vector<ck::GlobalPiece> pieces;
   std::vector<Device> devices;  // the GPUs whose snapshot copies write() waits for
   std::string rng, tokenizer_dir;
+  ck::NamedTensors comm_state;  // the compressors' error feedback, "<i>/<name>"
   json::Value meta;
   std::unique_ptr<ck::CheckpointWriter> writer;
 
@@ -364,6 +381,11 @@ struct SaveJob {
       }
     }
     rng = rng_text(s);
+    for (size_t i = 0; i < s.compressors.size(); ++i) {
+      for (const auto& [k, v] : s.compressors[i]->state()) {
+        comm_state.emplace_back(std::to_string(i) + "/" + k, snapshot ? host_snapshot(v) : v);
+      }
+    }
     if (rank == 0) {
       tokenizer_dir = s.tokenizer_dir;
       meta = meta_json(s, step, consumed, nonfinite);
@@ -379,6 +401,7 @@ struct SaveJob {
     for (const Device& d : devices) wait_host_snapshot(d);
     ck::write_pieces(*writer, rank, pieces);
     writer->write_bytes(rng_file(rank), rng);
+    if (!comm_state.empty()) writer->write_tensors(comm_file(rank), comm_state);
     if (!tokenizer_dir.empty()) {
       for (const char* f : {"vocab.json", "merges.txt"}) {
         writer->copy_file(f, join_path(tokenizer_dir, f));
@@ -386,6 +409,7 @@ struct SaveJob {
     }
     if (rank != 0) writer->finish();
     pieces.clear();  // the host copies are no longer needed
+    comm_state.clear();
   }
 
   // Rank 0, once every rank's write() has finished: meta.json, the rename, latest.
@@ -530,8 +554,17 @@ void check_compatible(const TrainState& s, const json::Value& meta, const std::s
 void load_tensors(const TrainState& s, const ck::PieceIndex& index, int64_t step) {
   const auto places = places_of(s);
   autograd::NoGradGuard no_grad;
+  if (s.fsdp != nullptr) {
+    // ZeRO-3: the model's own tensors hold no values between uses; the shards take them.
+    std::map<std::string, Tensor> full;
+    for (const auto& ch : s.chunks) {
+      for (const auto& [n, p] : ch->named_parameters()) full[n] = places.at(n).read(index, n);
+    }
+    s.fsdp->load_full_parameters(full);
+  }
   for (const auto& ch : s.chunks) {
     for (auto& [n, p] : ch->named_parameters()) {
+      if (s.fsdp != nullptr) break;
       Tensor dst = p;
       dst.copy_(places.at(n).read(index, n));
     }
@@ -541,18 +574,23 @@ void load_tensors(const TrainState& s, const ck::PieceIndex& index, int64_t step
     }
   }
   if (s.zero != nullptr) {
-    std::map<std::string, Tensor> state;
-    for (const auto& [key, v] : s.zero->named_state()) {
-      if (key == "step") {
-        state[key] = full(v.sizes(), static_cast<double>(step), {v.dtype()});
-        continue;
+    for (auto* opt : {s.zero, s.expert_zero}) {
+      if (opt == nullptr) continue;
+      std::map<std::string, Tensor> state;
+      for (const auto& [key, v] : opt->named_state()) {
+        if (key == "step") {
+          state[key] = full(v.sizes(), static_cast<double>(step), {v.dtype()});
+          continue;
+        }
+        const auto k = parse_zero_key(key);
+        if (!k) continue;
+        const std::string src = k->kind == "master" ? k->param : k->param + "." + k->kind;
+        state[key] = places.at(k->param).read_flat(index, src, k->begin, k->end);
       }
-      const auto k = parse_zero_key(key);
-      if (!k) continue;
-      const std::string src = k->kind == "master" ? k->param : k->param + "." + k->kind;
-      state[key] = places.at(k->param).read_flat(index, src, k->begin, k->end);
+      opt->load_named_state(state);
     }
-    s.zero->load_named_state(state);
+    // ZeRO-3: the masters are bitwise the parameter shards' values at save time.
+    if (s.fsdp != nullptr) s.zero->write_masters_to_param_shards();
     return;
   }
   const auto names = names_by_identity(s);
@@ -642,6 +680,23 @@ LoadedState load_local(const TrainState& s, const std::string& path) {
   const json::Value* layout = meta.find("parallel");
   const bool same_layout = layout != nullptr && py_equal(*layout, layout_json(s));
   load_rng(s, reader, same_layout);
+  // Error feedback is per rank: restored at the same layout, else it starts at zero (what the
+  // residuals carried is then lost, as after a change of dp in any compressed run).
+  const int rank = s.world != nullptr ? s.world->rank() : 0;
+  bool comm_restored = false;
+  if (!s.compressors.empty() && same_layout && reader.has_file(comm_file(rank))) {
+    const ck::SafetensorsFile saved = reader.read_tensors(comm_file(rank));
+    for (size_t i = 0; i < s.compressors.size(); ++i) {
+      const std::string prefix = std::to_string(i) + "/";
+      std::map<std::string, Tensor> mine;
+      for (const auto& [k, v] : saved.tensors) {
+        if (k.rfind(prefix, 0) == 0) mine[k.substr(prefix.size())] = v;
+      }
+      s.compressors[i]->load_state(mine);
+    }
+    comm_restored = true;
+  }
+  out.error_feedback_reset = !s.compressors.empty() && !comm_restored;
   out.step = meta.at("step").as_int();
   out.consumed_samples = meta.at("data").at("consumed_samples").as_int();
   out.resharded = !same_layout;

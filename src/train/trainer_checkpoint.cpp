@@ -20,6 +20,9 @@ TrainState Trainer::state_view() const {
   s.grid = grid_.get();
   s.adamw = adamw_.get();
   s.zero = zero_opt_.get();
+  s.expert_zero = expert_opt_.get();
+  s.fsdp = fsdp_.get();
+  s.compressors = compressors_;
   s.scaler = scaler_.get();
   s.precision = precision_.get();
   s.tokenizer_dir = data_->tokenizer_dir();
@@ -33,22 +36,6 @@ int64_t Trainer::restore() {
         "under python -m tardelli.launch --max-restarts the job restarts from its latest "
         "checkpoint: give --save DIR --resume");
   }
-  if (!cfg_.save.empty() || cfg_.resume) {
-    // What train_state.h does not carry yet: ZeRO-3's gathered parameters, the expert
-    // optimizer, the compressors' error feedback; context parallelism's replicas are handled
-    // by the layout-free pieces but untested here.
-    auto refuse = [](bool bad, const std::string& what) {
-      if (bad) {
-        throw ConfigError("--save/--resume with " + what +
-                          " is not supported by the C++ training loop yet (tardelli-train); "
-                          "python -m tardelli.train runs it");
-      }
-    };
-    refuse(cfg_.zero == 3, "--zero 3");
-    refuse(cfg_.ep > 1, "--ep " + std::to_string(cfg_.ep));
-    refuse(cfg_.cp > 1, "--cp " + std::to_string(cfg_.cp));
-    refuse(cfg_.grad_compression != "none", "--grad-compression " + cfg_.grad_compression);
-  }
   if (!cfg_.resume) return 0;
   if (attempt_ && !checkpoint::find_latest(cfg_.save)) {
     // A supervised job's first attempt starts the run its later attempts resume (unsupervised,
@@ -59,6 +46,11 @@ int64_t Trainer::restore() {
     return 0;
   }
   LoadedState st = load_state(state_view(), resume_path(cfg_.save));
+  if (st.error_feedback_reset) {
+    fresh_start_note_ =
+        "train: --resume at another layout: the gradient compressors' error feedback starts at "
+        "zero";
+  }
   step_ = st.step;
   if (scaler_ != nullptr && st.loss_scaler) scaler_->load_state(*st.loss_scaler);
   if (st.nonfinite) set_nonfinite_skips(st.nonfinite->skips, st.nonfinite->consecutive);

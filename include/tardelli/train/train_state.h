@@ -10,6 +10,8 @@
 //   SAVE/step_00000500/shards.rankNNNNN.{safetensors,index.json}   rank NNNNN's pieces
 //   SAVE/step_00000500/rng.rankNNNNN.json                          its dropout streams and
 //                                     block linears' FP8 scalings and precision-policy state
+//   SAVE/step_00000500/compression.rankNNNNN.safetensors           its compressors' error
+//                                     feedback (--grad-compression), "<i>/<name>"
 //   SAVE/step_00000500/vocab.json, merges.txt                      the tokenizer, if any
 //
 // Note [One checkpoint format for both loops]: every file is what state.py writes for the same
@@ -30,6 +32,8 @@
 #include "tardelli/core/json.h"
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/distributed_optimizer.h"
+#include "tardelli/distributed/fully_sharded.h"
+#include "tardelli/distributed/grad_compression.h"
 #include "tardelli/distributed/process_grid.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/optim/adamw.h"
@@ -57,6 +61,14 @@ struct TrainState {
   const distributed::ProcessGrid* grid = nullptr;    // null: one plain process
   optim::AdamW* adamw = nullptr;                     // one of adamw / zero is set
   distributed::DistributedOptimizer* zero = nullptr;
+  // Expert parallelism under ZeRO: the experts' sharded optimizer (its state saved after the
+  // dense one's, as python's ExpertDistributedOptimizer.state_dict orders it).
+  distributed::DistributedOptimizer* expert_zero = nullptr;
+  // ZeRO-3: the parameters live in its shards (gathered to save, scattered when loading).
+  distributed::FullyShardedDataParallel* fsdp = nullptr;
+  // --grad-compression: each DDP's compressor, whose error feedback is per-rank state
+  // (compression.rankNNNNN.safetensors, restored at the same layout only).
+  std::vector<std::shared_ptr<distributed::GradCompressor>> compressors;
   optim::DynamicLossScaler* scaler = nullptr;  // fp16
   BlockPrecision* precision = nullptr;         // the block linears' state (null: names only)
   std::string tokenizer_dir;                   // copied into the checkpoint when not empty
@@ -114,6 +126,9 @@ struct LoadedState {
   bool resharded = false;  // saved at another layout
   std::optional<optim::LossScalerState> loss_scaler;
   std::optional<NonfiniteCounters> nonfinite;
+  // The run compresses gradients but the checkpoint has no error feedback for this rank (saved
+  // at another layout): it starts at zero.
+  bool error_feedback_reset = false;
 };
 
 // Restores parameters, optimizer moments and step, and (at the same layout) the dropout streams

@@ -38,10 +38,8 @@
 // state is agreed on once per step after the update, over the ranks holding the same layers
 // (train_precision.h), and reported in the row's "precision" object.
 //
-// Not in the C++ loop yet (parse succeeds, the constructor refuses them by name, and python -m
-// tardelli.train runs them): --plan auto, and checkpoints together with ZeRO-3, context or
-// expert parallelism or gradient compression (whose extra state, the full ZeRO-3 parameters, the
-// expert optimizer and the compressors' error feedback, train_state.h does not carry yet).
+// Not in the C++ loop (parse succeeds, the constructor refuses it by name, and python -m
+// tardelli.train resolves it before building the loop): --plan auto, whose planner is Python.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -252,8 +250,10 @@ class Trainer {
   std::vector<distributed::CommPtr> comms_;  // every communicator of the job (each once)
 
   std::optional<LoadedState> resumed_;
-  std::optional<int> attempt_;         // supervised restarts: this attempt (supervision.h)
-  std::string fresh_start_note_;       // a supervised first attempt with nothing to resume
+  std::optional<int> attempt_;  // supervised restarts: this attempt (supervision.h)
+  // Said before the layout line: a supervised first attempt with nothing to resume, or a resume
+  // whose compressors' error feedback starts at zero.
+  std::string fresh_start_note_;
   std::unique_ptr<AsyncSaver> saver_;  // --async-save, made at the first save
 
   // The DDP (or ZeRO-3's FSDP) and the optimizer over `named` (src/train/trainer_reduction.cpp).
