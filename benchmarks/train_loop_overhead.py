@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Step time of tardelli-train (the C++ training loop) against python -m tardelli.train at the
-same layout: issue 28's target is the Python front end within 2% of the C++ one (the loop's
-Python overhead must not show).
+"""Step time of tardelli-train against python -m tardelli.train at the same layout: two front
+ends of the same C++ loop (Note [C++ training loop] in include/tardelli/train/trainer.h), so
+the difference is the Python front end's cost (its per-step callbacks through the binding, the
+interpreter beside the loop); issue 28's target is the Python front end within 2% of the C++
+one.
 
     PYTHONPATH=python .venv/bin/python benchmarks/train_loop_overhead.py [--binary build/ci/tardelli-train]
 
@@ -11,8 +13,8 @@ machine's load falls on both alike. A run's step time is the median over its ste
 first --warmup (from the metrics rows: global batch x seq_len / tokens_per_s, the step's wall
 time without evaluation or logging). Output: one JSON line per layout with both medians (of the
 per-run medians), the ratio python / C++ and whether it is within the 2% target, then a summary
-line. Each step is also checked to give the same loss on both (they must: Note [C++ training
-loop] in include/tardelli/train/trainer.h), so a timing never compares different work.
+line. Each step is also checked to give the same loss on both (the same loop on the same
+configuration), so a timing never compares different work.
 """
 import argparse
 import json

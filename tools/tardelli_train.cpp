@@ -5,9 +5,15 @@
 //   mpirun -np 4 tardelli-train --synthetic-data --vocab-size 512 --tp 2 --pp 2 --steps 100
 //
 // One process trains alone; under mpirun/srun (or python -m tardelli.launch) each process is
-// one rank of the job. Exit status: 0 done, 2 a bad configuration (the message names the flag;
-// every rank rejects it alike), 1 a run-time error (the whole job is ended so no rank waits in
-// a collective for the failed one).
+// one rank of the job. --plan auto asks the planner, which is Python (python/tardelli/plan):
+// rank 0 runs python -m tardelli.train's parser in $TD_PYTHON (default python3), which
+// resolves the layout, and hands every rank the resulting configuration. Exit status: 0 done,
+// 2 a bad configuration (the message names the flag; every rank rejects it alike), 1 a
+// run-time error (the whole job is ended so no rank waits in a collective for the failed one).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,6 +22,7 @@
 #include "tardelli/core/error.h"
 #include "tardelli/core/json.h"
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/ops/factory.h"
 #include "tardelli/train/metrics_file.h"
 #include "tardelli/train/train_config.h"
 #include "tardelli/train/trainer.h"
@@ -31,6 +38,103 @@ int launched_size() {
   return 1;
 }
 
+// The Python front end's parse of `args` for `world_size` ranks (it runs the planner for --plan
+// auto): its log lines are echoed, the configuration returned as JSON text; ConfigError with
+// the parser's message, or naming the interpreter when Python or the package is missing.
+constexpr const char* kPlanScript = R"(
+import json, sys
+try:
+    from tardelli.train import config as C
+except Exception as e:
+    print(json.dumps({"missing": f"{type(e).__name__}: {e}"}))
+    sys.exit(0)
+try:
+    cfg, _ = C.parse_config(sys.argv[2:], int(sys.argv[1]))
+except C.ConfigError as e:
+    print(json.dumps({"error": str(e)}))
+    sys.exit(0)
+cfg.plan = ""
+print(json.dumps({"config": cfg.to_dict()}))
+)";
+
+std::string python_parse(const std::vector<std::string>& args, int world_size) {
+  const char* env = std::getenv("TD_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+  std::vector<std::string> argv = {python, "-c", kPlanScript, std::to_string(world_size)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  int fds[2];
+  if (pipe(fds) != 0) throw td::train::ConfigError("--plan auto: cannot create a pipe");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execvp(cargv[0], cargv.data());
+    std::fprintf(stderr, "tardelli-train: cannot run %s\n", cargv[0]);
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < out.size();) {
+    const size_t end = out.find('\n', at);
+    lines.push_back(out.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    at = end == std::string::npos ? out.size() : end + 1;
+  }
+  const std::string hint =
+      " (--plan auto runs the planner, which is Python: set TD_PYTHON to an "
+      "interpreter that imports the tardelli package, or run python -m "
+      "tardelli.plan and give its layout flags)";
+  if (lines.empty() || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw td::train::ConfigError("--plan auto: " + python + " failed" + hint);
+  }
+  for (size_t i = 0; i + 1 < lines.size(); ++i) std::printf("%s\n", lines[i].c_str());
+  const td::json::Value v = td::json::parse(lines.back());
+  if (const td::json::Value* m = v.find("missing")) {
+    throw td::train::ConfigError("--plan auto: " + python + ": " + m->as_string() + hint);
+  }
+  if (const td::json::Value* e = v.find("error")) throw td::train::ConfigError(e->as_string());
+  return td::json::dump(v.at("config"));
+}
+
+// The configuration of a job: parse_config, or under --plan auto rank 0's python_parse handed
+// to every rank (an error travels as such, so every rank fails alike).
+td::train::TrainConfig job_config(const std::vector<std::string>& args,
+                                  const td::distributed::CommPtr& world) {
+  const int size = world ? world->size() : 1;
+  if (td::train::read_config(args).plan.empty()) return td::train::parse_config(args, size);
+  std::string text;  // "C" + config JSON, or "E" + error message
+  if (world == nullptr || world->rank() == 0) {
+    try {
+      text = "C" + python_parse(args, size);
+    } catch (const td::train::ConfigError& e) {
+      text = std::string("E") + e.what();
+    }
+  }
+  if (world != nullptr && size > 1) {
+    td::Tensor n = td::full({1}, static_cast<double>(text.size()), {td::DType::Int64});
+    world->broadcast(n, 0);
+    const int64_t len = n.item<int64_t>();
+    td::Tensor chars = td::zeros({len}, {td::DType::Int32});  // one character per element
+    if (world->rank() == 0) {
+      std::copy(text.begin(), text.end(), chars.data_ptr<int32_t>());
+    }
+    world->broadcast(chars, 0);
+    const auto* p = chars.data_ptr<int32_t>();
+    text.assign(p, p + len);
+  }
+  if (text.empty() || text[0] != 'C') throw td::train::ConfigError(text.substr(1));
+  return td::train::from_json(td::json::parse(text.substr(1)), "--plan auto");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -38,7 +142,7 @@ int main(int argc, char** argv) {
   td::distributed::CommPtr world;
   try {
     if (launched_size() > 1) world = td::distributed::mpi_world();
-    const td::train::TrainConfig cfg = td::train::parse_config(args, world ? world->size() : 1);
+    const td::train::TrainConfig cfg = job_config(args, world);
     td::train::Trainer trainer(cfg, world);
     const td::json::Value summary = trainer.run([](const std::string& line) {
       std::printf("%s\n", line.c_str());

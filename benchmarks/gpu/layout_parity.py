@@ -9,7 +9,7 @@ reference: the whole global batch, by gradient accumulation), then under each la
 `python -m tardelli.launch --nproc N`: dp 2, ZeRO-1, tp 2 + sp, pp 2 with 1f1b, interleaved
 (vpp 2) and zb, tp 2 x pp 2, and dp 2 in bf16. On a GPU every rank trains on cuda:{local rank %
 GPUs}, so on a one-GPU machine 2 and 4 ranks share it and their collectives go through host
-memory (include/tardelli/distributed/host_staged.h; Note [Ranks on GPUs] in train/trainer.py).
+memory (include/tardelli/distributed/host_staged.h; Note [Ranks on GPUs] in src/train/trainer.cpp).
 
 Each layout sees the same global batch, so its per-step losses equal the reference's up to the
 order of the fp32 sums: relative 1e-5 in fp32 (as the CPU tests assert). bf16 rounds every

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "tardelli/parallel/pipeline_schedule.h"
 #include "tardelli/tardelli.h"
 
 namespace td::python {
@@ -20,6 +21,12 @@ namespace py = pybind11;
 using TensorClass = py::class_<Tensor>;
 // Releases the GIL for a call that cannot run Python code.
 using nogil = py::call_guard<py::gil_scoped_release>;
+
+// A pipeline timeline per rank as Python tuples (kind code, micro-batch, chunk, start, end)
+// (bind_pipeline.cpp).
+using TimedTuple = std::tuple<std::string, int, int, double, double>;
+std::vector<std::vector<TimedTuple>> timed_lists(
+    const std::vector<std::vector<parallel::TimedAction>>& tl);
 
 // None <-> undefined tensor, for optional arguments and results.
 inline Tensor or_undefined(const std::optional<Tensor>& t) {
@@ -84,5 +91,6 @@ void init_parallel(py::module_& m, TensorClass& cls);       // after init_distri
 void init_gpt_parallel(py::module_& m, TensorClass& cls);   // after init_parallel, init_models
 void init_pipeline(py::module_& m, TensorClass& cls);
 void init_precision(py::module_& m, TensorClass& cls);  // after init_gpt_parallel
+void init_train(py::module_& m, TensorClass& cls);      // after init_distributed
 
 }  // namespace td::python

@@ -20,7 +20,6 @@ namespace pp = td::parallel;
 namespace {
 
 using ActionTuple = std::tuple<std::string, int, int>;
-using TimedTuple = std::tuple<std::string, int, int, double, double>;
 
 ActionTuple to_tuple(const pp::Action& a) {
   return {pp::action_kind_code(a.kind), a.microbatch, a.chunk};
@@ -33,18 +32,6 @@ std::vector<std::vector<ActionTuple>> action_lists(const pp::PipelineSchedule& s
   std::vector<std::vector<ActionTuple>> out(s.actions.size());
   for (size_t r = 0; r < s.actions.size(); ++r) {
     for (const auto& a : s.actions[r]) out[r].push_back(to_tuple(a));
-  }
-  return out;
-}
-
-std::vector<std::vector<TimedTuple>> timed_lists(
-    const std::vector<std::vector<pp::TimedAction>>& tl) {
-  std::vector<std::vector<TimedTuple>> out(tl.size());
-  for (size_t r = 0; r < tl.size(); ++r) {
-    for (const auto& t : tl[r]) {
-      out[r].emplace_back(pp::action_kind_code(t.action.kind), t.action.microbatch, t.action.chunk,
-                          t.start, t.end);
-    }
   }
   return out;
 }
@@ -80,6 +67,18 @@ std::vector<std::vector<pp::TimedAction>> timed_actions(
 }
 
 }  // namespace
+
+std::vector<std::vector<TimedTuple>> timed_lists(
+    const std::vector<std::vector<pp::TimedAction>>& tl) {
+  std::vector<std::vector<TimedTuple>> out(tl.size());
+  for (size_t r = 0; r < tl.size(); ++r) {
+    for (const auto& t : tl[r]) {
+      out[r].emplace_back(pp::action_kind_code(t.action.kind), t.action.microbatch, t.action.chunk,
+                          t.start, t.end);
+    }
+  }
+  return out;
+}
 
 void init_pipeline(py::module_& m, TensorClass& /*cls*/) {
   py::module_ pm = m.def_submodule("pipeline", "Pipeline-parallel schedules as data (C++)");

@@ -2,7 +2,7 @@
 // its once-per-step synchronization (parallel/precision_sync.h): tardelli._C.models
 // .PrecisionPolicy / parse_precision_map, the GPT's block-linear methods, and
 // tardelli._C.parallel.precision_step / sync_fp8_amaxes. Type conversion only; the trainer
-// (python/tardelli/train/trainer.py) drives them.
+// (td::train::BlockPrecision, include/tardelli/train/train_precision.h) drives them.
 #include "bind.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/models/precision_policy.h"

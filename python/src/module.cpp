@@ -33,4 +33,5 @@ PYBIND11_MODULE(_C, m) {
   tp::init_gpt_parallel(m, cls);
   tp::init_pipeline(m, cls);
   tp::init_precision(m, cls);
+  tp::init_train(m, cls);
 }

@@ -9,7 +9,7 @@ namespace td::optim {
 namespace {
 
 // Note [Float32 scale]: torch keeps the scale in a float32 tensor, so every product is rounded
-// to float32; doing the same keeps the C++ and Python trainers (and td.amp.GradScaler) in step.
+// to float32; doing the same keeps the training loop and td.amp.GradScaler in step.
 double as_f32(double v) {
   return static_cast<double>(static_cast<float>(v));
 }

@@ -444,7 +444,7 @@ using Entries = std::vector<std::pair<std::string, std::string>>;
                     "': expected a precision string (fp8, bf16 or fp32), got " + repr);
 }
 
-// precision.py's _flatten: {"h": {"3": {"mlp": {"c_fc": "bf16"}}}} -> h.3.mlp.c_fc = bf16.
+// Nested tables are dotted names: {"h": {"3": {"mlp": {"c_fc": "bf16"}}}} -> h.3.mlp.c_fc = bf16.
 void flatten(const toml::table& table, const std::string& prefix, const std::string& source,
              Entries& out) {
   for (const auto& [k, v] : in_file_order(table)) {
@@ -566,10 +566,12 @@ TrainConfig parse_config(const std::vector<std::string>& argv, int world_size,
                         " (choose auto, or leave it out)");
     }
     // Note [No planner in C++]: the planner (python/tardelli/plan) searches layouts with the
-    // Python cost model; give its layout as flags (python -m tardelli.plan prints them).
+    // Python cost model. The front ends resolve --plan auto with it (python -m tardelli.train
+    // in process, tardelli-train through a Python child on rank 0); this parser, for custom
+    // trainers, asks for the layout as flags (python -m tardelli.plan prints them).
     throw ConfigError(
-        "--plan auto is available in python -m tardelli.train only (the planner is Python; "
-        "docs/planner.md): run python -m tardelli.plan for the layout and pass its flags");
+        "--plan auto needs the Python planner (docs/planner.md): use tardelli-train or python "
+        "-m tardelli.train, or run python -m tardelli.plan for the layout and pass its flags");
   }
   validate(cfg, data_parallel_size(cfg, world_size));
   return cfg;

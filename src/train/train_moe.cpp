@@ -1,7 +1,22 @@
-// The training loop's mixture-of-experts bookkeeping (python: trainer.moe_step_metrics,
-// update_moe_router_bias, _moe_bias_replicated), split from trainer.cpp. The arithmetic is the
-// Python trainer's operation for operation (Note [C++ training loop]): Python ints stay int64,
-// its floats are doubles summed in the same order.
+// The training loop's mixture-of-experts bookkeeping, split from trainer.cpp.
+//
+// Note [MoE metrics]: the step's MoE statistics over its micro-batches (the model's statistics
+// are reset at the step's start), data-parallel ranks and pipeline stages, and its mean
+// cross-entropy. A training forward returns CE + sum over MoE layers of (aux_coeff x aux +
+// z_coeff x z); the statistics hold each layer's unscaled aux and z summed over forwards, so the
+// cross-entropy is loss_sum minus those terms (equal to the forward's CE up to fp32 rounding).
+// The metrics: moe_aux_loss, moe_z_loss: unscaled, mean over layers and forwards (and dp
+// ranks); moe_max_load: max over layers of the busiest expert's token-slots / the mean per
+// expert (a ratio: 1.0 is perfect balance, E / top_k the worst); moe_mean_load: that ratio
+// averaged over layers; moe_dropped_tokens: token-slots over capacity, summed over layers and
+// dp ranks. Loads are counted over the whole global batch (summed over dp) before the capacity.
+// Pipeline: the loss (from the last stage) holds the last stage's terms only (the others' are
+// backpropagated apart: Note [MoE losses of a pipeline stage]), and the per-layer statistics
+// are combined over the pp group.
+//
+// Note [MoE bias over dp]: the aux-loss-free bias step on the loads of the whole global batch:
+// each rank's pending router loads are summed over the data-parallel group first, so every
+// replica applies the same update (and the result equals a single-rank run's).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -37,7 +52,7 @@ std::vector<std::vector<int64_t>> sum_ints_over(const std::vector<std::vector<in
 
 MoEStep moe_step_metrics(const std::vector<std::shared_ptr<models::GPT>>& chunks, double loss_sum,
                          int64_t accum, const dist::CommPtr& dp, const dist::CommPtr& pp) {
-  // Note [MoE metrics] (python/tardelli/train/trainer.py).
+  // Note [MoE metrics] (src/train/train_moe.cpp).
   const models::GPTConfig& cfg = chunks[0]->config();
   std::vector<const models::MoELayerStats*> layers;
   int64_t dropped = 0;

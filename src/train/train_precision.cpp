@@ -1,5 +1,5 @@
 // The training loop's block-linear precision (include/tardelli/train/train_precision.h): what
-// python/tardelli/train/precision.py did for the Python loop, in the same order and formats.
+// one set-up, one agreement per step, the rng files' chunk state.
 #include "tardelli/train/train_precision.h"
 
 #include <map>

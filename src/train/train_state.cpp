@@ -90,8 +90,8 @@ json::Value stage_json(const models::GPT& ch) {
   return json::Array{st.first_layer, st.num_layers, st.pre, st.post};
 }
 
-// Where this rank's copy of parameter `name` of `ch` lies in the global tensor (state.py's
-// _Place): the global shape, the local shape, the (local box, global box) pairs, and whether
+// Where this rank's copy of parameter `name` of `ch` lies in the global tensor: the
+// global shape, the local shape, the (local box, global box) pairs, and whether
 // this rank saves it among its tensor-parallel replicas (gpt2's tied table on a stage without
 // the embeddings is a copy of the first stage's: never).
 struct Place {
@@ -205,7 +205,7 @@ std::unordered_map<const TensorImpl*, std::string> names_by_identity(const Train
   return m;
 }
 
-// This rank's pieces (Note [Layout-free checkpoints] in state.py), in state.py's order:
+// This rank's pieces (Note [Layout-free checkpoints] in train_state.h), in this order:
 // parameters, buffers, then the moments (ZeRO: in named_state's key order; AdamW: by packed
 // index, which is the order Python's AdamW first gives parameters their state).
 std::vector<ck::GlobalPiece> rank_pieces(const TrainState& s) {
@@ -267,7 +267,7 @@ int64_t optimizer_step(const TrainState& s) {
 }
 
 // This rank's rng.rankNNNNN.json: each chunk's dropout streams and block linears' state (names,
-// FP8 scalings, precision policy: state.py's _rng_state), as Python's json.dumps writes it.
+// FP8 scalings, precision policy), as Python's json.dumps writes it (format 2's text).
 std::string rng_text(const TrainState& s) {
   json::Array chunks;
   for (size_t i = 0; i < s.chunks.size(); ++i) {
@@ -348,7 +348,7 @@ json::Value layout_json(const TrainState& s) {
 
 // ---- saving ----
 
-// One checkpoint save of this rank (state.py's _Save): prepared on the training thread (the
+// One checkpoint save of this rank: prepared on the training thread (the
 // pieces, the metadata, the writer), written (possibly on another thread), committed by rank 0.
 struct SaveJob {
   int rank = 0, size = 1;

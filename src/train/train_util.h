@@ -47,7 +47,7 @@ struct MoEStep {
   double lm_loss = 0;  // the step's mean cross-entropy: the loss less the MoE terms
   MoEMetrics metrics;  // aux and z not yet averaged over the world
 };
-// Note [MoE metrics] (python: trainer.moe_step_metrics): the step's statistics over its
+// Note [MoE metrics] (src/train/train_moe.cpp): the step's statistics over its
 // micro-batches, the data-parallel ranks `dp` and the pipeline stages `pp` (null: none).
 MoEStep moe_step_metrics(const std::vector<std::shared_ptr<models::GPT>>& chunks, double loss_sum,
                          int64_t accum, const distributed::CommPtr& dp,

@@ -1,3 +1,66 @@
+// The training loop of td::train::Trainer (Note [C++ training loop] in trainer.h): layout,
+// model, reduction, one step, evaluation, run(). python -m tardelli.train and tardelli-train
+// both run it.
+//
+// Note [Exact resume]: everything a later step depends on is in the checkpoint: parameters,
+// AdamW moments and step counts, the schedule's step, the data position (samples consumed: the
+// dataset order is a pure function of the seed) and the dropout generators' Philox states. The
+// ops are deterministic for a given thread count, so on the CPU in fp32 a resumed run repeats
+// the uninterrupted run's losses bitwise (tests/python/test_train.py checks it).
+//
+// Note [Ranks on GPUs]: each rank trains on cuda:{local rank % devices}; its groups move CUDA
+// tensors through host memory over MPI (distributed/host_staged.h), which also serves several
+// ranks sharing one GPU (NCCL needs one rank per device: not wired to the trainer yet).
+//
+// Note [Parallelize step]: the model (or this rank's pipeline chunks) is built from the seed
+// with every parameter drawn from its own named stream, then each rank keeps its
+// tensor-parallel shards: the same seed gives the same logical model for every layout.
+//
+// Note [Data parallel step]: gradients live in the DDP's buckets (the parameters' grads are
+// views into them, never reset to undefined); a bucket's reduction starts as soon as backward
+// has produced its last gradient, and only on the last micro-batch of a step (ZeRO-2: on every
+// micro-batch, into persistent gradient shards). Context parallelism: replicated parameters see
+// only this rank's tokens, so their gradients are averaged over dp x cp (Note [Context-parallel
+// loss] in include/tardelli/parallel/context_parallel.h).
+//
+// Note [fp16 loss scaling]: fp16 activations need the loss scaled up before backward; the
+// scaler (optim/loss_scaler.h, torch's GradScaler rules) skips a step whose gradients hold
+// inf/nan on any rank: found from the total gradient norm, which every rank already agrees on
+// (Note [Overflow from the norm]).
+//
+// Note [Non-finite steps]: every rank must take the same decision, or the replicas part (and
+// the next collective may hang). The gradient norm is global: every rank already holds the
+// same value (Note [fp16 loss scaling]). The loss is this rank's: its mean over ranks (reported
+// in the row) would turn one rank's nan into nan everywhere (an IEEE sum), but only after the
+// update and, under MoE, after the metrics' collectives; a flag reduced with an int max is
+// exact and independent of how the backend sums floats, so the loss is agreed on explicitly,
+// one all-reduce, only under --on-nonfinite skip (tests/python/test_train_faults.py checks
+// that a nan on rank 1 only skips both ranks, and does reach rank 0's reported mean). Under
+// --on-nonfinite raise a non-finite gradient norm stops the run before the update and a
+// non-finite mean loss after it. Under fp16 a non-finite gradient is the loss scaler's (it
+// skips and backs off); only a non-finite loss is ours.
+//
+// Note [Supervised metrics]: a restarted attempt appends to the metrics file instead of
+// trimming it, after a restart event row, so the file holds every attempt's rows; the
+// effective history is the last row of each step (python/tardelli/train/report.py's
+// effective_rows).
+//
+// Note [Straggler report]: each step, every rank splits its step time into wait (seconds
+// blocked in any of the job's communicators: gradient reductions, tp/cp/ep collectives,
+// pipeline sends and receives, the non-finite agreement) and compute (the rest), and every
+// rank gathers both (one all-gather over the world, after the timed step). In a synchronous
+// job every rank's step takes as long as the slowest's, so a straggler shows as the rank whose
+// compute is large while the others wait for it. The wait is not the DDP's
+// last_wait_seconds(): that times only the final drain in finish_grad_sync, while with the
+// communicators' consistency check (on by default) a bucket's launch during backward already
+// blocks until every rank has reached it; the fast ranks' waiting would then count as compute
+// (measured: 2 ranks, one sleeping 0.2 s a step, both "computed" 0.21 s). A rank whose compute
+// exceeds --straggler-threshold x the median is logged, at most one step's report per
+// --log-interval steps (the metrics file has every step's numbers).
+//
+// Note [Reduction bytes]: the row's dp_comm_bytes is what this rank handed to its
+// gradient-reduction communicators in the step (their input bytes), cross_node_bytes the part
+// of it the cross-node step of --hierarchical-reduce carried.
 #include "tardelli/train/trainer.h"
 
 #include <algorithm>
@@ -43,16 +106,14 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Refuses what the C++ loop does not run yet (see the header), naming the flag.
+// --plan must be resolved before the loop is built (Note [No planner in C++]).
 void check_supported(const TrainConfig& c) {
-  auto refuse = [](bool bad, const std::string& what) {
-    if (bad) {
-      throw ConfigError(what +
-                        " is not supported by the C++ training loop yet (tardelli-train); "
-                        "python -m tardelli.train runs it");
-    }
-  };
-  refuse(!c.plan.empty(), "--plan");
+  if (!c.plan.empty()) {
+    throw ConfigError("--plan " + c.plan +
+                      ": the layout must be chosen before the training loop is built (the "
+                      "planner is Python: python -m tardelli.train and tardelli-train resolve "
+                      "it; a custom trainer runs python -m tardelli.plan and passes its flags)");
+  }
 }
 
 // "cuda" becomes cuda:{local rank % visible devices} (python's td.distributed.device_for_rank).
@@ -101,11 +162,11 @@ int64_t comm_bytes(const std::vector<dist::CommPtr>& comms) {
 
 }  // namespace
 
-Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
-    : cfg_(std::move(cfg)), world_(std::move(world)) {
+Trainer::Trainer(TrainConfig cfg, dist::CommPtr world, std::optional<CheckpointOnly> only)
+    : cfg_(std::move(cfg)), world_(std::move(world)), checkpoint_only_(std::move(only)) {
   check_supported(cfg_);
   const TrainConfig& c = cfg_;
-  // ---- layout (python: trainer.setup_layout) ----
+  // ---- layout ----
   if ((c.zero > 0 || c.tp > 1 || c.pp > 1 || c.cp > 1 || c.ep > 1) && world_ == nullptr) {
     world_ = dist::mpi_world();  // a world of one
   }
@@ -119,10 +180,19 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
                       "the ranks with mpirun -np N or python -m tardelli.launch --nproc N)");
   }
   dp_size_ = size / mp;
-  validate(cfg_, dp_size_);
+  if (checkpoint_only_) {
+    // The data need not be here: the layout is validated as for synthetic tokens.
+    TrainConfig layout = cfg_;
+    layout.synthetic_data = true;
+    layout.data.clear();
+    layout.vocab_size = checkpoint_only_->vocab_size;
+    validate(layout, dp_size_);
+  } else {
+    validate(cfg_, dp_size_);
+  }
   std::string device = c.device;
   if (world_ != nullptr && size > 1 && device != "cpu") {
-    // Note [Ranks on GPUs] (python/tardelli/train/trainer.py): cuda:{local rank % devices},
+    // Note [Ranks on GPUs]: cuda:{local rank % devices},
     // collectives staged through host memory.
     device = device_for_rank(device);
     world_ = dist::host_staged(world_);
@@ -156,9 +226,9 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
 
   // ---- data ----
   DataOptions d;
-  d.prefix = c.data;
-  d.synthetic = c.synthetic_data;
-  d.vocab_size = c.vocab_size;
+  d.prefix = checkpoint_only_ ? std::string() : c.data;
+  d.synthetic = checkpoint_only_ ? true : c.synthetic_data;
+  d.vocab_size = checkpoint_only_ ? checkpoint_only_->vocab_size : c.vocab_size;
   d.seq_len = c.seq_len;
   d.seed = static_cast<uint64_t>(c.seed);
   d.split = split_ratios(c);
@@ -172,7 +242,7 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
   }
   data_ = std::make_unique<TrainData>(d);
 
-  // ---- model (python: trainer.build_job) ----
+  // ---- model ----
   mcfg_.arch = models::parse_arch(c.arch);
   mcfg_.vocab_size = data_->vocab_size();
   mcfg_.block_size = c.seq_len;
@@ -274,7 +344,9 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world)
     if (mcfg_.arch == models::Arch::GPT2) n_params_ -= mcfg_.vocab_size * mcfg_.d_model;
   }
   flops_per_step_ = flops;
-  peak_ = gemm_peak_flops(mcfg_.dtype, device_) * static_cast<double>(size);
+  // (A checkpoint-only run trains nothing: no MFU to measure for.)
+  peak_ =
+      checkpoint_only_ ? 1.0 : gemm_peak_flops(mcfg_.dtype, device_) * static_cast<double>(size);
   if (grid_ != nullptr) {
     comms_.push_back(grid_->world());
     for (const std::string& name : grid_->group_names()) {
@@ -381,7 +453,7 @@ StepRecord Trainer::train_step() {
   bool applied = true;
   double grad_norm = 0;
   if (scaler_ != nullptr) {
-    // Note [fp16 loss scaling] (python/tardelli/train/trainer.py): the norm of the scaled
+    // Note [fp16 loss scaling]: the norm of the scaled
     // gradients decides the overflow on every rank alike; one multiply unscales and clips.
     const double scaled_norm = grad_norm_clipped(kInf);
     applied = scaler_->update(!std::isfinite(scaled_norm));
@@ -403,7 +475,7 @@ StepRecord Trainer::train_step() {
   } else {
     grad_norm = grad_norm_clipped(max_norm);
   }
-  // Note [Non-finite steps] (python/tardelli/train/trainer.py): every rank takes the same
+  // Note [Non-finite steps]: every rank takes the same
   // decision: the gradient norm is global already, the loss is agreed on with an exact int max
   // over the world (only under --on-nonfinite skip). Under raise a non-finite gradient norm
   // stops the run before the update, a non-finite mean loss after it; under fp16 a non-finite
@@ -444,7 +516,7 @@ StepRecord Trainer::train_step() {
   rec.step = step_;
   rec.step_seconds = dt;
   rec.nonfinite = nonfinite;
-  // The compute/wait split of every world rank (Note [Straggler report] in trainer.py).
+  // The compute/wait split of every world rank (Note [Straggler report] in src/train/trainer.cpp).
   const double compute = std::max(dt - wait, 0.0);
   if (world_ == nullptr || world_->size() == 1) {
     rec.rank_compute_s = {compute};
@@ -463,7 +535,7 @@ StepRecord Trainer::train_step() {
   }
   if (moe) {
     // `loss` stays the cross-entropy, comparable with a dense run's and with val_loss; the
-    // auxiliary terms are reported apart (Note [MoE metrics] in trainer.py).
+    // auxiliary terms are reported apart (Note [MoE metrics] in src/train/train_moe.cpp).
     const detail::MoEStep m = detail::moe_step_metrics(chunks_, loss_sum, accum_, dp_group(),
                                                        c.pp > 1 ? grid_->pp() : nullptr);
     loss_sum = m.lm_loss * static_cast<double>(accum_);
@@ -477,7 +549,7 @@ StepRecord Trainer::train_step() {
   rec.mfu = flops_per_step_ / dt / peak_;
   rec.mem_bytes = memory_stats(device_).peak_bytes;
   rec.peak_mem_bytes_max_rank = max_over_ranks(rec.mem_bytes, world_);
-  // Note [Reduction bytes] (python/tardelli/train/trainer.py).
+  // Note [Reduction bytes].
   if (!reduce_comms_.empty()) rec.dp_comm_bytes = comm_bytes(reduce_comms_) - bytes0;
   if (c.hierarchical_reduce && !reduce_comms_.empty()) {
     rec.cross_node_bytes = comm_bytes(cross_comms_) - cross0;
@@ -532,7 +604,8 @@ std::optional<double> Trainer::evaluate() {
   return mean_over_ranks(loss, world_);
 }
 
-json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
+json::Value Trainer::run(const std::function<void(const std::string&)>& log,
+                         const std::function<void(const StepRecord&)>& on_step) {
   const TrainConfig& c = cfg_;
   auto say = [&](const std::string& s) {
     if (is_main() && log) log(s);
@@ -559,7 +632,7 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
   }
   if (!fresh_start_note_.empty()) say(fresh_start_note_);
   if (resumed_) say(resumed_line());
-  // Note [Supervised metrics] (python/tardelli/train/trainer.py): a restarted attempt appends
+  // Note [Supervised metrics]: a restarted attempt appends
   // after a restart event row, so the file holds every attempt's rows.
   const bool restarted = attempt_.value_or(0) > 0;
   MetricsFile metrics(is_main() ? c.metrics_file : "",
@@ -590,6 +663,7 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
     const bool exiting = c.exit_interval > 0 && step_ % c.exit_interval == 0;
     save_if_due(rec, exiting, give_up, say);  // before the row, which carries save_blocked_s
     metrics.write(rec.to_json());
+    if (on_step) on_step(rec);
     if (step_ % c.log_interval == 0 || step_ == c.steps || rec.val_loss) {
       say(format_log_line(rec, c.steps));
     }
@@ -675,7 +749,8 @@ json::Value Trainer::run(const std::function<void(const std::string&)>& log) {
   }
   if (val_loss) s.set("val_loss", *val_loss);
   if (pipe_ != nullptr && last) {
-    const auto timelines = pipe_->gather_timelines();
+    timelines_ = pipe_->gather_timelines();
+    const auto& timelines = timelines_;
     double t_first = kInf, t_last = -kInf, busy = 0;
     for (const auto& rank : timelines) {
       for (const auto& a : rank) {

@@ -1,5 +1,5 @@
 // The Trainer's checkpoint hooks (include/tardelli/train/trainer.h): --resume, --save,
-// --save-interval, --exit-interval and --async-save as python/tardelli/train/trainer.py runs
+// --save-interval, --exit-interval and --async-save as docs/checkpoints.md describes
 // them, through train_state.h.
 #include "tardelli/checkpoint/checkpoint.h"
 #include "tardelli/train/supervision.h"
@@ -25,7 +25,7 @@ TrainState Trainer::state_view() const {
   s.compressors = compressors_;
   s.scaler = scaler_.get();
   s.precision = precision_.get();
-  s.tokenizer_dir = data_->tokenizer_dir();
+  s.tokenizer_dir = checkpoint_only_ ? checkpoint_only_->tokenizer_dir : data_->tokenizer_dir();
   return s;
 }
 
@@ -45,7 +45,11 @@ int64_t Trainer::restore() {
                         "); starting from scratch";
     return 0;
   }
-  LoadedState st = load_state(state_view(), resume_path(cfg_.save));
+  return load_checkpoint(resume_path(cfg_.save)).consumed_samples;
+}
+
+const LoadedState& Trainer::load_checkpoint(const std::string& path) {
+  LoadedState st = load_state(state_view(), path);
   if (st.error_feedback_reset) {
     fresh_start_note_ =
         "train: --resume at another layout: the gradient compressors' error feedback starts at "
@@ -54,9 +58,10 @@ int64_t Trainer::restore() {
   step_ = st.step;
   if (scaler_ != nullptr && st.loss_scaler) scaler_->load_state(*st.loss_scaler);
   if (st.nonfinite) set_nonfinite_skips(st.nonfinite->skips, st.nonfinite->consecutive);
-  const int64_t consumed = st.consumed_samples;
+  // In the constructor the loader is made from the position restore() returns.
+  if (loader_ != nullptr) loader_ = data_->train_loader(st.consumed_samples);
   resumed_ = std::move(st);
-  return consumed;
+  return *resumed_;
 }
 
 std::string Trainer::resumed_line() const {
@@ -82,7 +87,7 @@ void Trainer::save_if_due(StepRecord& rec, bool exiting, bool give_up,
   }
   const bool due =
       step_ == c.steps || exiting || (c.save_interval > 0 && step_ % c.save_interval == 0);
-  // A step that gives up after too many non-finite steps saves nothing (python's trainer).
+  // A step that gives up after too many non-finite steps saves nothing.
   if (c.save.empty() || !due || give_up) return;
   const double t0 = perf_s();
   std::string note;

@@ -1,8 +1,8 @@
-// The training loop's gradient reduction, gradient norm and optimizer (python: the second half
-// of trainer.build_job, and grad_norm_clipped): DDP, ZeRO-1/2 (DistributedOptimizer over the DDP),
-// ZeRO-3 (FullyShardedDataParallel), expert parallelism's pair of DDPs and optimizers
-// (python/tardelli/distributed/expert_parallel.py), optimizer offload, two-level reductions
-// (reduction_group()) and gradient compression (make_compressor()). Split from trainer.cpp.
+// The training loop's gradient reduction, gradient norm and optimizer: DDP, ZeRO-1/2
+// (DistributedOptimizer over the DDP), ZeRO-3 (FullyShardedDataParallel), expert parallelism's pair
+// of DDPs and optimizers (python/tardelli/distributed/expert_parallel.py), optimizer offload,
+// two-level reductions (reduction_group()) and gradient compression (make_compressor()). Split from
+// trainer.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -162,11 +162,11 @@ void Trainer::build_reduction(const nn::NamedTensors& named,
     o.compressor = make_compressor();
     expert_ddp_ = std::make_unique<dist::DistributedDataParallel>(experts, expert_group, o);
   } else if (world_ != nullptr) {
-    // Note [Data parallel step] (python/tardelli/train/trainer.py): gradients live in the DDP's
+    // Note [Data parallel step] (src/train/trainer.cpp): gradients live in the DDP's
     // buckets; reductions start during the step's last backward (ZeRO-2: every micro-batch's).
     // Context parallelism: replicated parameters see only this rank's tokens, so their
     // gradients are averaged over dp x cp (Note [Context-parallel loss]).
-    const dist::DDPOptions o = ddp_options();  // its compressor first, as python's trainer
+    const dist::DDPOptions o = ddp_options();  // its compressor first (the order of old runs)
     ddp_owned_ = std::make_unique<dist::DistributedDataParallel>(
         named, reduction_group(c.cp > 1 ? "dp-cp" : "dp"), o);
     ddp_ = ddp_owned_.get();

@@ -1,4 +1,4 @@
-"""--async-save (Note [Async save] in python/tardelli/train/state.py): the checkpoints equal a
+"""--async-save (Note [Async save] in include/tardelli/train/train_state.h): the checkpoints equal a
 synchronous run's, the step is blocked only for the host snapshot, and a process killed while
 the background writer runs leaves the previous checkpoint intact and resumable."""
 import signal

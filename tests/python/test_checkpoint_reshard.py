@@ -1,4 +1,4 @@
-"""Layout-free checkpoints (Note [Layout-free checkpoints] in python/tardelli/train/state.py):
+"""Layout-free checkpoints (Note [Layout-free checkpoints] in include/tardelli/train/train_state.h):
 a run saved at tp 2 x pp 2 resumes at one rank, at dp 4 with ZeRO-1, at pp 4, and back, each
 continuing the uninterrupted run's losses; `python -m tardelli.checkpoint convert` reshards
 offline and a round trip gives the tensors back bit for bit; `inspect` prints a checkpoint; bad

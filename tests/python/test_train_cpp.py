@@ -1,7 +1,10 @@
-"""tardelli-train (the C++ training loop, include/tardelli/train/trainer.h) against python -m
-tardelli.train: the same flags give the same run. Note [C++ training loop] states why the two
-must agree bitwise at the same layout: the same ops in the same order on the same data, so any
-difference in a loss or gradient norm is a bug in one of them, not rounding."""
+"""tardelli-train and python -m tardelli.train: two front ends (a C++ and a Python argument
+parser, tools/tardelli_train.cpp and python/tardelli/train/) of one training loop
+(td::train::Trainer, Note [C++ training loop] in include/tardelli/train/trainer.h). The same
+flags must give the same run, bitwise: the same loop on the same configuration, so a difference
+means the front ends built different configurations or handled the run differently (output,
+checkpoints, errors, restarts). The loop's C++-only paths (checkpoints at another layout, the
+async saver, supervised restarts) are exercised through the binary here."""
 import json
 import math
 import os
@@ -62,60 +65,27 @@ MOE = ["--num-experts", "4", "--moe-top-k", "2", "--moe-z-loss-coeff", "1e-3",
        "--moe-router-bias-update-rate", "1e-2"]
 
 
+# One layout per family of the loop's code paths (the families' own properties are checked
+# through python -m tardelli.train by test_train_*.py).
 LAYOUTS = [
     (1, []),
     (1, ["--dtype", "bf16", "--global-batch-size", "4"]),
-    (2, []),
     (2, ["--zero", "1", "--global-batch-size", "8"]),
-    (2, ["--zero", "2", "--clip-grad", "0.05"]),
-    (2, ["--tp", "2", "--sequence-parallel"]),
-    (2, ["--pp", "2", "--global-batch-size", "8"]),
-    (2, ["--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--global-batch-size", "8"]),
     (2, ["--pp", "2", "--schedule", "zb", "--global-batch-size", "6", "--recompute", "full"]),
-    (2, ["--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
     (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
-    (2, ["--zero", "3", "--global-batch-size", "8"]),
     (2, ["--zero", "3", "--dtype", "bf16", "--offload-optimizer", "--clip-grad", "0.05"]),
-    (2, ["--zero", "1", "--offload-optimizer"]),
-    (4, ["--zero", "3", "--pp", "2", "--global-batch-size", "4"]),
-    (4, ["--zero", "3", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
-    (2, ["--cp", "2"]),
-    (2, ["--cp", "2", "--cp-comm", "a2a", "--arch", "llama", "--global-batch-size", "4"]),
-    (4, ["--cp", "2", "--zero", "1", "--global-batch-size", "8"]),
     (4, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
-    (4, ["--cp", "2", "--pp", "2", "--global-batch-size", "4"]),
-    (4, ["--hierarchical-reduce", "--ranks-per-node", "2", "--zero", "1",
-         "--global-batch-size", "8"]),
-    (2, ["--hierarchical-reduce", "--ranks-per-node", "1", "--zero", "3"]),
     (2, ["--hierarchical-reduce", "--ranks-per-node", "1", "--grad-compression", "powersgd",
          "--powersgd-rank", "2"]),
-    (2, ["--grad-compression", "powersgd", "--powersgd-rank", "2", "--compression-start-step",
-         "2", "--global-batch-size", "8"]),
-    (2, ["--grad-compression", "topk", "--topk-ratio", "0.1", "--zero", "1",
-         "--compression-start-step", "1"]),
-    (2, ["--grad-compression", "randomk", "--topk-ratio", "0.2"]),
-    (1, [*MOE, "--moe-capacity-factor", "0.5", "--moe-shared-experts", "1"]),
-    (2, [*MOE, "--arch", "llama", "--global-batch-size", "8"]),
-    (2, [*MOE, "--ep", "2"]),
-    (2, [*MOE, "--ep", "2", "--zero", "1", "--clip-grad", "0.05"]),
-    (2, [*MOE, "--pp", "2", "--global-batch-size", "4", "--moe-layer-freq", "2"]),
-    (4, [*MOE, "--ep", "2", "--tp", "2"]),
     (4, [*MOE, "--ep", "2", "--pp", "2", "--zero", "2", "--global-batch-size", "4"]),
-    # FP8 and per-layer precision: the amaxes and decisions agreed on over tp x cp x dp, the
-    # row's "precision" object with every pipeline stage's linears.
-    (1, [*FP8, "--dtype", "bf16"]),
-    (2, [*FP8, "--fp8", "e4m3", "--tp", "2", "--sequence-parallel"]),
-    (2, [*FP8, "--precision-policy", "adaptive", "--precision-fp8-error", "0.04",
-         "--precision-stable-steps", "1", "--global-batch-size", "8"]),
     (2, [*FP8, "--pp", "2", "--precision-policy", "adaptive", "--precision-fp8-error", "0.04",
          "--global-batch-size", "4"]),
-    (2, ["--precision-policy", "adaptive", "--precision-bf16-error", "1e-4", "--zero", "1"]),
 ]
 
 
 @pytest.mark.parametrize("nproc,extra", LAYOUTS,
                          ids=[f"{n}-{'_'.join(e) or 'plain'}" for n, e in LAYOUTS])
-def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
+def test_both_front_ends_train_alike(tmp_path, nproc, extra):
     """Per-step loss, gradient norm, learning rate and validation loss are bitwise equal, and
     both front ends describe the run alike (the layout line, the summary's layout and parameter
     count)."""
@@ -136,7 +106,7 @@ def test_same_losses_as_the_python_trainer(tmp_path, nproc, extra):
 
 def test_real_data_and_toml_config(tmp_path):
     """A Megatron-format dataset with its tokenizer (the vocabulary is read from it) and a TOML
-    config with tables, overridden by a flag: the same losses as the Python trainer."""
+    config with tables, overridden by a flag: the same losses from both front ends."""
     prefix = make_corpus(tmp_path)
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'[model]\nlayers = 2\nd-model = 32\nheads = 2\nseq_len = 16\n'
@@ -151,7 +121,7 @@ def test_real_data_and_toml_config(tmp_path):
     assert _summary(cpp.stdout)["val_loss"] == _summary(py.stdout)["val_loss"]
 
 
-def test_fp16_loss_scaling_skips_like_the_python_trainer(tmp_path):
+def test_fp16_loss_scaling_skips_like_the_python_front_end(tmp_path):
     """fp16 with an injected overflow: the same steps are skipped with the same loss scales."""
     extra = ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--initial-loss-scale", "1024"]
     py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
@@ -193,7 +163,7 @@ SKIP_KEYS = ("step", "loss", "grad_norm", "lr", "val_loss", "skipped", "nonfinit
     (2, ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--inject-nonfinite-loss", "3@0",
          "--initial-loss-scale", "1024"]),
 ], ids=["1-grad_and_loss", "2-one_rank_zero1", "2-fp16"])
-def test_nonfinite_steps_are_skipped_like_the_python_trainer(tmp_path, nproc, extra):
+def test_nonfinite_steps_are_skipped_like_the_python_front_end(tmp_path, nproc, extra):
     """--on-nonfinite skip (Note [Non-finite steps]): the same steps are skipped on every rank
     (a nan loss on one rank included), with the same rows (skipped, nonfinite_skips; the
     losses, gradient norms and learning rates bitwise, nan where the step's was), the same log
@@ -219,7 +189,7 @@ def test_nonfinite_steps_are_skipped_like_the_python_trainer(tmp_path, nproc, ex
      "--on-nonfinite skip)"),
     (["--inject-nonfinite-grad", "3"], "train: the gradient norm is "),
 ], ids=["give_up", "raise_loss", "raise_grad"])
-def test_nonfinite_runs_stop_like_the_python_trainer(tmp_path, extra, needle):
+def test_nonfinite_runs_stop_like_the_python_front_end(tmp_path, extra, needle):
     """A run that gives up (--max-skipped-steps consecutive skips: after the step's row) or
     raises (--on-nonfinite raise) stops at the same step with the same sentence."""
     py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
@@ -230,7 +200,7 @@ def test_nonfinite_runs_stop_like_the_python_trainer(tmp_path, extra, needle):
     assert _rows(cpp_m, SKIP_KEYS) == _rows(py_m, SKIP_KEYS)
 
 
-def test_straggler_is_reported_like_the_python_trainer(tmp_path, monkeypatch):
+def test_straggler_is_reported_like_the_python_front_end(tmp_path, monkeypatch):
     """TD_TEST_SLOW_RANK makes rank 1 sleep 0.3 s a step: both front ends log "train: straggler
     rank 1: ..." after the same steps (at most once per --log-interval 2), record both ranks'
     compute and wait, and train the same losses; --straggler-threshold 0 turns the line off."""
@@ -261,7 +231,7 @@ def test_straggler_is_reported_like_the_python_trainer(tmp_path, monkeypatch):
     (["--heads", "5"], "does not divide --d-model"),
     (["--schedule", "bogus"], "bogus"),
 ])
-def test_bad_input_is_rejected_like_the_python_cli(tmp_path, args, needle):
+def test_bad_input_is_rejected_like_the_python_front_end(tmp_path, args, needle):
     """Exit status 2 and a message naming the problem, on both front ends; a layout that cannot
     be formed gives the same sentence."""
     py = run_python(1, "tardelli.train", *MODEL, *args, check=False)
@@ -278,12 +248,28 @@ def test_bad_toml_names_the_file(tmp_path):
     assert cpp.returncode == 2 and str(bad) in cpp.stderr and "TOML" in cpp.stderr, cpp.stderr
 
 
-def test_what_the_cpp_loop_lacks_is_refused_by_name(tmp_path):
-    """A feature only the Python front end has (--plan auto: the planner is Python) is a clear
-    error, not a run that silently ignores the flag."""
-    cpp = run_cpp(2, *MODEL, "--plan", "auto", check=False)
-    assert cpp.returncode == 2, cpp.stderr
-    assert "--plan" in cpp.stderr and "python -m tardelli.train" in cpp.stderr
+def test_plan_auto_in_tardelli_train(tmp_path, monkeypatch):
+    """--plan auto: tardelli-train hands the flags to the Python front end's parser on rank 0
+    (the planner is Python), so both front ends train the planner's pick alike: the same
+    "--plan auto:" line, layout and losses. Without an interpreter that imports tardelli it
+    stops before training, naming TD_PYTHON."""
+    from test_plan import toy_profile
+    f = tmp_path / "toy.json"
+    f.write_text(json.dumps(toy_profile()))
+    flags = [*MODEL, "--global-batch-size", "8", "--plan", "auto", "--plan-profile", f]
+    py_m, cpp_m = tmp_path / "py.jsonl", tmp_path / "cpp.jsonl"
+    monkeypatch.setitem(ENV, "TD_PYTHON", sys.executable)
+    py = run_python(2, "tardelli.train", *flags, "--metrics-file", py_m)
+    cpp = run_cpp(2, *flags, "--metrics-file", cpp_m)
+    chosen = [[x for x in p.stdout.splitlines() if "--plan auto:" in x] for p in (py, cpp)]
+    assert len(chosen[0]) == 1 and chosen[0] == chosen[1], (py.stdout, cpp.stdout)
+    a, b = _summary(py.stdout), _summary(cpp.stdout)
+    assert [a[k] for k in ("tp", "pp", "dp", "cp")] == [b[k] for k in ("tp", "pp", "dp", "cp")]
+    assert _history(cpp_m) == _history(py_m)
+    monkeypatch.setitem(ENV, "TD_PYTHON", str(tmp_path / "no-python"))
+    bad = run_cpp(2, *flags, check=False)
+    assert bad.returncode == 2 and "TD_PYTHON" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and "train_end" not in bad.stdout
 
 
 def test_help_lists_every_flag():
@@ -319,8 +305,6 @@ def _checkpoint(save, step=2):
 
 CROSS = [
     (1, []),
-    (2, ["--zero", "1", "--global-batch-size", "8"]),
-    (2, ["--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--global-batch-size", "8"]),
     (2, ["--dtype", "fp16", "--inject-nonfinite-grad", "2", "--initial-loss-scale", "1024"]),
     (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4", "--arch", "llama"]),
     # meta.json's "nonfinite" counters: step 1 skipped, the resumed half goes on counting.
@@ -328,23 +312,16 @@ CROSS = [
     # The rng files' FP8 scalings and adaptive-policy state (per chunk, per linear).
     (2, [*FP8, "--tp", "2", "--precision-policy", "adaptive", "--precision-fp8-error", "0.04",
          "--precision-stable-steps", "1"]),
-    # ZeRO-3: the gathered parameters saved, the shards and masters restored.
     (2, ["--zero", "3", "--global-batch-size", "8"]),
-    (4, ["--zero", "3", "--tp", "2", "--sequence-parallel", "--arch", "llama"]),
-    # Context parallelism: one cp rank saves the replicas.
-    (4, ["--cp", "2", "--zero", "1", "--global-batch-size", "8"]),
-    # Expert parallelism: expert slices, the experts' sharded optimizer after the dense one.
     (2, [*MOE, "--ep", "2", "--zero", "1"]),
-    (2, [*MOE, "--ep", "2"]),
     # The compressors' error feedback (compression.rankN.safetensors, per DDP).
     (2, ["--grad-compression", "powersgd", "--powersgd-rank", "2"]),
-    (2, [*MOE, "--ep", "2", "--grad-compression", "topk", "--topk-ratio", "0.1"]),
 ]
 
 
 @pytest.mark.parametrize("nproc,extra", CROSS,
                          ids=[f"{n}-{'_'.join(e) or 'plain'}" for n, e in CROSS])
-def test_checkpoints_cross_between_the_loops(tmp_path, nproc, extra):
+def test_checkpoints_cross_between_the_front_ends(tmp_path, nproc, extra):
     """Both loops stop after step 2 (--exit-interval) and save: the step directories hold the
     same files, byte for byte (meta.json: the same members but the paths given). Each loop then
     resumes the other's checkpoint and continues the uninterrupted run bitwise, dropout streams
@@ -395,7 +372,7 @@ RESHARD = ["--synthetic-data", "--vocab-size", "301", "--layers", "4", "--d-mode
 TP2PP2 = ["--tp", "2", "--pp", "2"]
 
 
-def test_resume_at_another_layout_across_the_loops(tmp_path):
+def test_resume_at_another_layout_across_the_front_ends(tmp_path):
     """A tp 2 x pp 2 checkpoint of each loop resumes in the other at dp 2 with ZeRO-1 (and the
     C++ one in C++ at tp 4 with ZeRO-2), continuing the uninterrupted run to fp32 rounding
     (rtol 1e-5, as test_checkpoint_reshard.py)."""
@@ -502,7 +479,7 @@ def _flip_byte(path, at=200):
     path.write_bytes(bytes(data))
 
 
-def test_bad_checkpoints_are_refused_like_the_python_cli(tmp_path):
+def test_bad_checkpoints_are_refused_like_the_python_front_end(tmp_path):
     """No checkpoint, a save that never completed, a damaged file, another model, other data
     settings: exit status 2 and python's message, word for word."""
     save = tmp_path / "save"
@@ -542,9 +519,9 @@ def test_supervised_restart_of_the_cpp_loop(tmp_path):
     """tardelli-train under python -m tardelli.launch --max-restarts: rank 1 SIGKILLed at step
     3 of attempt 0 (TD_TEST_FAULT, at that step's heartbeat); the launcher restarts the job,
     which resumes from step 2's checkpoint (the first attempt started from scratch with
-    --resume). The effective history (each step's last row) is the Python trainer's
+    --resume). The effective history (each step's last row) is the Python front end's
     uninterrupted run, bitwise, and the metrics file holds the restart event between the
-    attempts, as the Python trainer writes it (Note [Supervised metrics])."""
+    attempts, as the Python front end writes it (Note [Supervised metrics])."""
     from tardelli.train import report
     full = tmp_path / "full.jsonl"
     run_python(2, "tardelli.train", *MODEL, "--metrics-file", full)
@@ -572,7 +549,7 @@ def test_supervised_restart_of_the_cpp_loop(tmp_path):
 
 def test_supervised_cpp_loop_needs_save_and_resume(tmp_path):
     """Under the supervisor a run without --save DIR --resume could not continue after a
-    restart: refused before training, with the Python trainer's text."""
+    restart: refused before training, with the Python front end's text."""
     env = dict(ENV, TD_RESTART_ATTEMPT="0", TD_HEARTBEAT_DIR=str(tmp_path))
     p = subprocess.run([str(BIN), *MODEL], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=60)

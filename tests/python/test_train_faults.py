@@ -1,6 +1,6 @@
 """Fault tolerance of `python -m tardelli.train` (docs/training.md, "Non-finite steps and
 stragglers"): --on-nonfinite raise|skip with --max-skipped-steps (Note [Non-finite steps] in
-trainer.py), under fp32, fp16 loss scaling and two data-parallel ranks; the per-rank compute /
+src/train/trainer.cpp), under fp32, fp16 loss scaling and two data-parallel ranks; the per-rank compute /
 wait timings and the straggler log line (Note [Straggler report]); the flags' validation."""
 import json
 import math

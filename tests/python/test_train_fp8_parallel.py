@@ -38,7 +38,7 @@ def train(tmp_path, name, nproc, *args):
 
 
 def rank_chunks(save, world):
-    """Each rank's saved chunk states (train/state.py's rng.rankN.json)."""
+    """Each rank's saved chunk states (the checkpoint's rng.rankN.json)."""
     step = sorted(p for p in save.iterdir() if p.name.startswith("step"))[-1]
     return [json.loads((step / f"rng.rank{r:05d}.json").read_text())["chunks"]
             for r in range(world)]

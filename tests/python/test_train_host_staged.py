@@ -1,5 +1,5 @@
 """`python -m tardelli.train` with its groups host-staged (include/tardelli/distributed/
-host_staged.h; Note [Ranks on GPUs] in python/tardelli/train/trainer.py): the path GPU ranks
+host_staged.h; Note [Ranks on GPUs] in src/train/trainer.cpp): the path GPU ranks
 take when several share a device. Here CPU ranks stage their tensors the same way
 (TD_TEST_STAGE_HOST_TENSORS=1), so the staging under every collective the layouts use (DDP
 buckets, ZeRO-1, tensor/sequence-parallel layers, pipeline send/recv) is exercised without a

@@ -1,5 +1,6 @@
 // The metrics file of the C++ training loop: rows as Python's json.dumps writes them, and a
-// resumed run's trimming (report.MetricsFile's rule: keep the rows up to the checkpoint's step).
+// resumed run's trimming (keep the rows up to the checkpoint's step) and a supervised attempt's
+// appending (Note [Supervised metrics] in src/train/trainer.cpp).
 #include "tardelli/train/metrics_file.h"
 
 #include <gtest/gtest.h>
@@ -47,6 +48,31 @@ TEST_F(MetricsFileTest, AResumedRunKeepsTheRowsUpToItsStep) {
     m.write(json::Object{{"step", 6}});
   }
   EXPECT_EQ(test::read_bytes(path("new/m.jsonl")), "{\"step\": 6}\n");
+}
+
+TEST_F(MetricsFileTest, ARestartedAttemptKeepsEveryEarlierRow) {
+  // Property: in append mode (a supervised restart) the rows of steps after the checkpoint
+  // stay, the restart event and the new attempt's rows follow them; a later unsupervised
+  // resume trims again by step (the restart event carries its checkpoint's step: kept).
+  const std::string p = path("m.jsonl");
+  {
+    MetricsFile m(p);
+    for (int s = 1; s <= 3; ++s) m.write(json::Object{{"step", s}});
+  }
+  {
+    MetricsFile m(p, 2, /*append=*/true);
+    m.write(json::Object{{"event", "restart"}, {"attempt", 1}, {"step", 2}});
+    m.write(json::Object{{"step", 3}});
+    m.write(json::Object{{"step", 4}});
+  }
+  EXPECT_EQ(test::read_bytes(p),
+            "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3}\n"
+            "{\"event\": \"restart\", \"attempt\": 1, \"step\": 2}\n"
+            "{\"step\": 3}\n{\"step\": 4}\n");
+  { MetricsFile m(p, 2); }
+  EXPECT_EQ(test::read_bytes(p),
+            "{\"step\": 1}\n{\"step\": 2}\n"
+            "{\"event\": \"restart\", \"attempt\": 1, \"step\": 2}\n");
 }
 
 }  // namespace

@@ -544,7 +544,7 @@ INSTANTIATE_TEST_SUITE_P(
              "--inject-nonfinite-loss must list STEP or STEP@RANK..."},
         // the planner
         Rule{with_base({"--plan", "auto"}), 1,
-             "--plan auto is available in python -m tardelli.train only..."},
+             "--plan auto needs the Python planner (docs/planner.md)..."},
         Rule{with_base({"--plan", "fast"}), 1,
              "--plan: unknown value 'fast' (choose auto, or leave it out)"}));
 

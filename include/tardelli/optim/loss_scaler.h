@@ -8,7 +8,7 @@
 // update. When a step's gradients hold inf or nan anywhere (on any rank), the step is skipped and
 // the scale backs off; after growth_interval applied steps in a row it grows again.
 //
-// The train loop (python/tardelli/train/trainer.py, examples/train_gpt.cpp):
+// The train loop (td::train::Trainer, examples/train_gpt.cpp):
 //   (loss * scaler.scale()).backward();            // (divided by the micro-batch count too)
 //   double norm = grad_norm(...);                  // of the SCALED gradients, over all ranks
 //   if (scaler.update(!std::isfinite(norm))) {     // every rank sees the same norm: agreement

@@ -15,10 +15,10 @@ class MetricsFile {
   // An empty path writes nothing (ranks other than 0). Creates the parent directory; truncates
   // an existing file, except in a resumed run (resume_step: the step of the checkpoint it
   // resumed from), which keeps the rows of steps <= resume_step and appends after them, so the
-  // file describes one history (report.MetricsFile's rule). td::Error naming the path when it
+  // file describes one history . td::Error naming the path when it
   // cannot be opened or rewritten.
   // append: keep every row and add after them (a restarted attempt of a supervised run, Note
-  // [Supervised metrics] in python/tardelli/train/trainer.py: a step may then have several rows).
+  // [Supervised metrics] in src/train/trainer.cpp: a step may then have several rows).
   explicit MetricsFile(const std::string& path, std::optional<int64_t> resume_step = std::nullopt,
                        bool append = false);
   ~MetricsFile();
@@ -37,7 +37,7 @@ class MetricsFile {
 
 // `v` as Python's json.dumps writes it: ", " and ": " separators and NaN, Infinity, -Infinity for
 // the non-finite numbers strict JSON lacks (a skipped fp16 step's gradient norm is NaN), so
-// report.py and any json.loads reader take the C++ rows like the Python trainer's.
+// report.py and any json.loads reader read the rows.
 std::string python_json(const json::Value& v);
 
 // The "step" of a metrics row as written by either trainer (Python's json.dumps may write NaN,

@@ -2,7 +2,8 @@
 // The rank side of supervised restarts (python -m tardelli.launch --max-restarts; the launcher
 // is python/tardelli/distributed/supervisor.py): which attempt this is, why the previous one
 // failed, and the heartbeat files the launcher watches for hangs. The same environment and file
-// format as the Python trainer's, so tardelli-train runs under the same supervisor.
+// format as python/tardelli/distributed/supervisor.py's heartbeat(), so any program
+// (Python or C++) runs under the same supervisor.
 #include <cstdint>
 #include <optional>
 #include <string>

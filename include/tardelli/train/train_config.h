@@ -261,7 +261,7 @@ std::vector<int64_t> pipeline_layout_counts(const TrainConfig& cfg);
 
 // What a resumed run must share with its checkpoint besides the model: the data order (the
 // position is a sample count into the order these define). Batch sizes and the layout may change
-// (Note [Layout-free checkpoints] in python/tardelli/train/state.py).
+// (Note [Layout-free checkpoints] in include/tardelli/train/train_state.h).
 inline constexpr std::array<std::string_view, 5> kResumeKeys = {"seq_len", "data", "split",
                                                                 "synthetic_data", "seed"};
 

@@ -61,7 +61,7 @@ class DatasetBatches : public BatchSource {
 // Another source's batches cut to this context-parallel rank's tokens along the sequence
 // (parallel::zigzag_slice: chunks r and 2 cp - 1 - r of 2 cp, Note [Zigzag layout] in
 // parallel/context_parallel.h): the ranks of a cp group read the same samples and each keeps
-// its part (python: trainer.ContextParallelLoader).
+// its part.
 class ContextParallelBatches : public BatchSource {
  public:
   ContextParallelBatches(std::unique_ptr<BatchSource> source, int cp_rank, int cp_size);

@@ -1,7 +1,6 @@
 #pragma once
-// Checkpoints of the C++ training loop: python/tardelli/train/state.py's save and load, in its
-// format (format 2, docs/checkpoints.md), so tardelli-train and python -m tardelli.train resume
-// each other's checkpoints.
+// Checkpoints of the training loop (format 2, docs/checkpoints.md): what python -m
+// tardelli.train and tardelli-train save and resume.
 //
 //   SAVE/latest                       the newest complete step directory
 //   SAVE/step_00000500/meta.json      step, state_format 2, config, scheduler, data, rng,
@@ -14,14 +13,24 @@
 //                                     feedback (--grad-compression), "<i>/<name>"
 //   SAVE/step_00000500/vocab.json, merges.txt                      the tokenizer, if any
 //
-// Note [One checkpoint format for both loops]: every file is what state.py writes for the same
-// state, byte for byte: the same pieces (Note [Layout-free checkpoints] in state.py: each rank
-// saves boxes of the global tensors it holds, one replica saving each box) in the same order in
-// the index files, the same JSON text (rng files as Python's json.dumps writes them, meta.json
-// through the same CheckpointWriter), the same directory protocol (Note [Sharded saving] in
-// checkpoint.h). tests/python/test_train_cpp.py compares a C++ and a Python save of one run file
-// by file and resumes each in the other loop. Loading is state.py's load: the boxes this rank's
-// layout needs, from whatever layout saved them; the dropout streams only at the same layout.
+// Note [Layout-free checkpoints]: a rank saves what it holds as boxes of the global tensors
+// (checkpoint/sharded_state.h): a tensor-parallel shard is one box per ShardSpec segment, an
+// expert-parallel slice a box of dim 0, a ZeRO shard (a flat range of the rank's local tensor)
+// a few boxes per parameter; replicas (dp, cp, tp-replicated tensors, gpt2's pipeline copy of
+// the tied table) are saved by one rank only. Parameters and buffers go by their GPT names, the
+// AdamW moments as "<param>.exp_avg" and "<param>.exp_avg_sq"; the masters are the fp32
+// parameters, so only the moments are saved besides them. Loading computes the boxes this run's
+// layout needs and reads them from whatever pieces cover them, so --resume works at any tp, pp,
+// vpp, dp, cp, ep and ZeRO stage, with the same data position. Only the dropout streams and
+// the compressors' error feedback are per layout: at the same layout every rank gets its own
+// back (bitwise resume); at another, every chunk takes rank 0's stream (losses then match only
+// without dropout) and the error feedback starts at zero. The block linears' FP8 scalings and
+// precision-policy state are the same on every rank holding a layer, so they are found by name
+// at any layout. A whole-tensor checkpoint (model.safetensors + optimizer.safetensors:
+// examples/train_gpt.cpp's) loads the same way.
+//
+// The files were first written by the Python trainer (format 2 dates from it); the C++ loop
+// writes them byte for byte as it did, so checkpoints of older runs resume unchanged.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -74,7 +83,7 @@ struct TrainState {
   std::string tokenizer_dir;                   // copied into the checkpoint when not empty
 };
 
-// meta.json's "parallel": the layout of `s` (state.py's _layout).
+// meta.json's "parallel": the layout of `s` .
 json::Value layout_json(const TrainState& s);
 
 // Writes root/step_XXXXXXXX atomically and points root/latest at it; returns its path
@@ -84,7 +93,7 @@ std::string save_state(const TrainState& s, const std::string& root, int64_t ste
                        int64_t consumed_samples,
                        const std::optional<NonfiniteCounters>& nonfinite = std::nullopt);
 
-// Note [Async save] (python/tardelli/train/state.py's AsyncSaver): save() snapshots this rank's
+// Note [Async save]: save() snapshots this rank's
 // pieces into host memory, opens the writers (a barrier) and returns; a thread writes the files.
 // poll(), called by every rank at the same points while a save is pending, exchanges (done,
 // failed) in one all-reduce; once every rank is done rank 0 commits (meta.json last, the
@@ -133,7 +142,7 @@ struct LoadedState {
 
 // Restores parameters, optimizer moments and step, and (at the same layout) the dropout streams
 // from the step directory `path` into freshly built objects, whatever layout saved it; the loss
-// scaler's state when both have one. ConfigError (state.py's texts) for a checkpoint of another
+// scaler's state when both have one. ConfigError for a checkpoint of another
 // model (naming every differing field), other data settings (kResumeKeys) or one that cannot be
 // read ("--resume: PATH: ..."). Collective: every rank fails alike when any rank's read fails.
 LoadedState load_state(const TrainState& s, const std::string& path);

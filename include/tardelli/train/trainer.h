@@ -9,37 +9,42 @@
 //     ...                                           // rec.loss, rec.grad_norm, rec.to_json()
 //   }
 //
-// Note [C++ training loop]: one optimizer step is what python -m tardelli.train does, in the
-// same order with the same numerics, so the two front ends give bitwise the same losses at the
-// same layout (tests/python/test_train_cpp.py): the learning rate of the step on every group;
-// the micro-batches' forward and backward (through the pipeline runtime's schedule under pp,
-// with the DDP reduction held until the step's last micro-batch); the reduction; the gradient
-// norm over the whole model (ZeRO: the sharded optimizer's; tp/pp: parameters split over tp on
-// every tp rank, replicated ones on tp rank 0, summed over tp-pp with sum_over_ranks; one
-// process: torch's clip_grad_norm_ rule with an fp32 coefficient); fp16's dynamic loss scale
-// (a step whose scaled norm is not finite is skipped); the optimizer step; the metrics row (the
-// loss is the mean over every rank in fp32).
+// Note [C++ training loop]: the one training loop of the project. python -m tardelli.train is a
+// thin front end over it (python/tardelli/train/trainer.py: argument parsing, --plan auto, the
+// progress bar and plots), tardelli-train another (tools/tardelli_train.cpp), a custom C++
+// trainer a third (examples/cpp/custom_trainer.cpp). One optimizer step: the learning rate of
+// the step on every group; the micro-batches' forward and backward (through the pipeline
+// runtime's schedule under pp, with the DDP reduction held until the step's last
+// micro-batch); the reduction; the gradient norm over the whole model (ZeRO: the sharded
+// optimizer's; tp/pp: parameters split over tp on every tp rank, replicated ones on tp rank 0,
+// summed over tp-pp with sum_over_ranks; one process: torch's clip_grad_norm_ rule with an
+// fp32 coefficient); fp16's dynamic loss scale (a step whose scaled norm is not finite is
+// skipped: Note [fp16 loss scaling] in src/train/trainer.cpp); the optimizer step; the block
+// linears' precision step; the metrics row (the loss is the mean over every rank in fp32).
+// The arithmetic was first written in Python and ported operation for operation (Python's
+// floats as doubles summed in the same order, src/train compiled without FMA contraction), so
+// runs and checkpoints of older versions continue bitwise.
 //
 // --on-nonfinite skip agrees on a non-finite loss or gradient norm over every rank and skips the
-// update (Note [Non-finite steps] in python/tardelli/train/trainer.py); run() logs stragglers
+// update (Note [Non-finite steps] in src/train/trainer.cpp); run() logs stragglers
 // (stragglers() below). MoE: the step resets the statistics, applies the router-bias step after
 // the update (loads summed over dp) and reports the cross-entropy as the loss with the moe_*
-// metrics apart (Note [MoE metrics]); expert parallelism reduces and updates the experts with
-// their own DDP and optimizer (Note [Expert gradients] in python/tardelli/distributed/
-// expert_parallel.py).
+// metrics apart (Note [MoE metrics] in src/train/train_moe.cpp); expert parallelism reduces
+// and updates the experts with their own DDP and optimizer (Note [Expert gradients] in
+// python/tardelli/distributed/expert_parallel.py).
 //
 // Checkpoints (--save, --save-interval, --exit-interval, --resume, --async-save) are
-// python/tardelli/train/state.py's, in its format: either loop resumes the other's, at the same
-// layout bitwise, at another one through the layout-free pieces (train/train_state.h). Under
-// python -m tardelli.launch --max-restarts, run() writes the supervisor's heartbeats and restart
-// events (train/supervision.h).
+// train_state.h's: a resume at the same layout is bitwise, at another one it goes through the
+// layout-free pieces (Note [Layout-free checkpoints]). Under python -m tardelli.launch
+// --max-restarts, run() writes the supervisor's heartbeats and restart events
+// (train/supervision.h).
 //
 // FP8 and per-layer precision (--fp8, --precision-policy, --precision-map): the block linears'
 // state is agreed on once per step after the update, over the ranks holding the same layers
 // (train_precision.h), and reported in the row's "precision" object.
 //
-// Not in the C++ loop (parse succeeds, the constructor refuses it by name, and python -m
-// tardelli.train resolves it before building the loop): --plan auto, whose planner is Python.
+// --plan auto is resolved by the Python front end (the planner is Python) before the loop is
+// built; the constructor refuses a configuration that still asks for it.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,8 +71,8 @@
 
 namespace td::train {
 
-// A mixture-of-experts step's statistics (Note [MoE metrics] in python/tardelli/train/
-// trainer.py): unscaled aux and z losses (means over layers, forwards and ranks), the busiest
+// A mixture-of-experts step's statistics (Note [MoE metrics] in src/train/train_moe.cpp):
+// unscaled aux and z losses (means over layers, forwards and ranks), the busiest
 // expert's load over the mean (max over layers, and the mean over layers), token-slots dropped
 // by the capacity (summed over layers and dp ranks).
 struct MoEMetrics {
@@ -98,21 +103,21 @@ struct StepRecord {
   std::optional<double> save_blocked_s;    // steps that saved: seconds the save blocked
   double step_seconds = 0;  // the step's wall time (not in the row: tokens_per_s says it)
   // Not in the row either: --on-nonfinite skip skipped this step for a non-finite loss or
-  // gradient norm (Note [Non-finite steps] in python/tardelli/train/trainer.py).
+  // gradient norm (Note [Non-finite steps] in src/train/trainer.cpp).
   bool nonfinite = false;
 
-  // The metrics row (keys and order as the Python trainer's).
+  // The metrics row (its keys in a fixed order: docs/training.md).
   json::Value to_json() const;
 };
 
-// "step      5/100 | loss 4.1234 | lr 6.000e-04 | ..." (report.format_log_line's format).
+// "step      5/100 | loss 4.1234 | lr 6.000e-04 | ..."
 std::string format_log_line(const StepRecord& r, int64_t steps);
 
 // The best GEMM rate of this library here for `dtype` on `device` (FLOP/s): MFU's denominator,
 // measured once (n = 1024 on the CPU, 4096 on a GPU; the best of `reps`).
 double gemm_peak_flops(DType dtype, Device device, int64_t n = 0, int reps = 5);
 
-// The straggler report (Note [Straggler report] in python/tardelli/train/trainer.py): each step
+// The straggler report (Note [Straggler report] in src/train/trainer.cpp): each step
 // every rank's time is split into compute and wait (seconds blocked in the job's
 // communicators), gathered over the world into the metrics row; a rank whose compute exceeds
 // --straggler-threshold x the median (and the median by kStragglerMinExcessS: on steps of
@@ -129,13 +134,23 @@ std::string straggler_line(int rank, double compute_s, double ratio);
 // malformed.
 double slow_rank_seconds(int rank);
 
+// A run built only to hold a checkpoint (python -m tardelli.checkpoint convert: load at one
+// layout, save at another): no data is read (the layout is built as for synthetic tokens of
+// `vocab_size`), the configuration's data settings are kept for meta.json, and saves copy the
+// tokenizer of `tokenizer_dir` (empty: none).
+struct CheckpointOnly {
+  int64_t vocab_size = 0;
+  std::string tokenizer_dir;
+};
+
 class Trainer {
  public:
   // Builds the run: joins `world` (null: one process; a world of one is made only if needed),
   // lays out the ProcessGrid (tp fastest, then cp, dp, pp), the model chunks (Note [Parallelize
   // step]), the DDP/ZeRO reduction, the optimizer, the loss scaler and the data. Collective
   // over the world. td::Error naming the flag for what the C++ loop does not support yet.
-  Trainer(TrainConfig cfg, distributed::CommPtr world = nullptr);
+  Trainer(TrainConfig cfg, distributed::CommPtr world = nullptr,
+          std::optional<CheckpointOnly> checkpoint_only = std::nullopt);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -202,12 +217,22 @@ class Trainer {
   // The loop: steps until --steps (or --exit-interval), writing --metrics-file rows and the log
   // lines to `log` (rank 0) and the checkpoints of --save; returns the summary (the "train_end"
   // object).
-  json::Value run(const std::function<void(const std::string&)>& log);
+  // `on_step` (optional) sees every step's record after its metrics row is written (a front
+  // end's progress bar).
+  json::Value run(const std::function<void(const std::string&)>& log,
+                  const std::function<void(const StepRecord&)>& on_step = {});
+  // Under pp: every pp rank's timeline of run()'s last step (gathered by run(); empty before).
+  const std::vector<std::vector<parallel::TimedAction>>& last_timelines() const {
+    return timelines_;
+  }
 
   // Writes the checkpoint of the steps done so far: root/step_XXXXXXXX, then root/latest
   // (train_state.h); returns its path. Collective over the world.
   std::string save(const std::string& root);
-  // The checkpoint --resume restored in the constructor (nullopt: a fresh run).
+  // Restores the checkpoint in step directory `path` (any layout: train_state.h's load_state)
+  // and moves the data to its position; what --resume does in the constructor. Collective.
+  const LoadedState& load_checkpoint(const std::string& path);
+  // The checkpoint --resume (or load_checkpoint) restored (nullopt: a fresh run).
   const std::optional<LoadedState>& resumed() const { return resumed_; }
   // This run's parts that a checkpoint holds.
   TrainState state_view() const;
@@ -255,6 +280,8 @@ class Trainer {
   // whose compressors' error feedback starts at zero.
   std::string fresh_start_note_;
   std::unique_ptr<AsyncSaver> saver_;  // --async-save, made at the first save
+  std::optional<CheckpointOnly> checkpoint_only_;
+  std::vector<std::vector<parallel::TimedAction>> timelines_;  // pp: run()'s last step
 
   // The DDP (or ZeRO-3's FSDP) and the optimizer over `named` (src/train/trainer_reduction.cpp).
   void build_reduction(const nn::NamedTensors& named, const std::vector<optim::ParamGroup>& groups,

@@ -9,7 +9,7 @@ every global tensor (shape, dtype). convert loads SRC (a step directory, or a sa
 latest) into the layout given by the flags (the run's own flags otherwise; the number of ranks
 sets the data-parallel size) and saves it under DST as a step directory of the same step, with
 DST/latest: the offline form of what `--resume` does at another layout (Note [Layout-free
-checkpoints] in train/state.py), e.g. to hand a checkpoint to a job of another shape or to
+checkpoints] in include/tardelli/train/train_state.h), e.g. to hand a checkpoint to a job of another shape or to
 check a round trip. The tensors are copied, never recomputed, so converting A -> B -> A gives
 A's tensors bit for bit.
 """
@@ -22,7 +22,6 @@ import sys
 import tardelli as td
 
 from . import config as C
-from . import state as ckpt
 from .. import _C
 
 # The flags convert accepts: the layout (everything else comes from the checkpoint's run).
@@ -88,7 +87,8 @@ def inspect(path, as_json=False, out=print):
 def convert(src, dst, overrides, world=None, out=print):
     """Loads checkpoint `src` at the layout of the saved run's config with `overrides` (a dict
     of layout keys) on the ranks of `world`, and saves it under `dst`. Returns the new step
-    directory."""
+    directory. The C++ loop does both halves (td::train::Trainer built with CheckpointOnly: the
+    data need not be here)."""
     from . import trainer
     step_dir = _step_dir(src)
     reader = td.checkpoint.CheckpointReader(step_dir)
@@ -96,25 +96,16 @@ def convert(src, dst, overrides, world=None, out=print):
     fields = {f.name for f in dataclasses.fields(C.TrainConfig)}
     saved = {k: v for k, v in meta.get("train", {}).items() if k in fields}
     cfg = dataclasses.replace(C.TrainConfig(**saved), **overrides, save=dst, resume=False)
-    vocab = meta["config"]["vocab_size"]
-    # The data need not be here: the layout is validated as for synthetic tokens.
-    layout_cfg = dataclasses.replace(cfg, synthetic_data=True, data="", vocab_size=vocab)
-    world, dp_size, grid = trainer.setup_layout(layout_cfg, world)
-    job = trainer.build_job(layout_cfg, world, grid, dp_size, vocab)
-    parts = job["chunks"] if cfg.pp > 1 else job["model"]
-    info = ckpt.load(step_dir, parts, job["opt"], cfg, world, job["fsdp"])
-    scaler = None
-    if info["loss_scaler"] is not None:
-        scaler = _C.DynamicLossScaler()
-        scaler.load_state_dict(info["loss_scaler"])
-    tok = reader.path() if reader.has_file("vocab.json") else None
-    fsdp = job["fsdp"]
-    path = ckpt.save(dst, info["step"], parts, job["opt"], cfg, job["mcfg"],
-                     info["consumed_samples"], tok, world, scaler,
-                     fsdp.full_parameters() if fsdp is not None else None, grid,
-                     info["nonfinite"])
-    if world is None or world.rank == 0:
-        out(f"convert: {reader.path()} -> {path} (tp {cfg.tp}, pp {cfg.pp}, dp {dp_size}, "
+    tok = reader.path() if reader.has_file("vocab.json") else ""
+    job = trainer.build(cfg, world, checkpoint_vocab=meta["config"]["vocab_size"],
+                        tokenizer_dir=tok)
+    try:
+        job.load_checkpoint(step_dir)
+        path = job.save(dst)
+    except _C.train.ConfigError as e:
+        raise C.ConfigError(str(e)) from None
+    if job.is_main:
+        out(f"convert: {reader.path()} -> {path} (tp {cfg.tp}, pp {cfg.pp}, dp {job.dp_size}, "
             f"zero {cfg.zero}, ep {cfg.ep})")
     return path
 

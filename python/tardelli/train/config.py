@@ -243,7 +243,6 @@ def validate_precision(cfg, need):
         need(cfg.zero < 3, f"{flag} with --zero 3: bf16/fp32 linears and the statistics "
              "need the fp32 weights, which ZeRO-3 releases between uses")
     if cfg.precision_map:
-        from .precision import read_precision_map  # imports the C++ core
         pmap = read_precision_map(cfg.precision_map, cfg.layers)
         fp8 = sorted(k for k, v in pmap.items() if v == "fp8")
         need(not fp8 or cfg.fp8 != "none",
@@ -604,5 +603,43 @@ def split_ratios(cfg):
 # data order (the position is a sample count into the order these define). Batch sizes may
 # change (the position counts samples, as in Megatron), and so may the layout: tp, pp, vpp, dp,
 # cp, ep, the ZeRO stage and the vocabulary padding (Note [Layout-free checkpoints] in
-# train/state.py).
+# include/tardelli/train/train_state.h).
+def _flatten(table, prefix=""):
+    """{"h": {"3": {"mlp": {"c_fc": "bf16"}}}} -> {"h.3.mlp.c_fc": "bf16"}: TOML reads dotted
+    keys as nested tables, JSON may hold either form."""
+    out = {}
+    for k, v in table.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def read_precision_map(path, n_layer):
+    """The --precision-map file (JSON, or TOML by its .toml suffix) as {linear name: precision},
+    checked against a model of n_layer blocks; ConfigError naming the file and the entry."""
+    import json
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        table = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--precision-map {path}: {e}") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"--precision-map {path}: expected a table of linear names to "
+                          f"precisions, got {type(table).__name__}")
+    entries = _flatten(table)
+    for k, v in entries.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"--precision-map {path}: entry '{k}': expected a precision "
+                              f"string (fp8, bf16 or fp32), got {v!r}")
+    from .. import _C  # the C++ core, only when a map is given
+    try:
+        return _C.models.parse_precision_map(entries, n_layer)
+    except Exception as e:  # td::Error: names the entry
+        raise ConfigError(f"--precision-map {path}: {e}") from None
+
+
 RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed")

@@ -1,5 +1,6 @@
-"""What a training run shows and leaves behind: the progress bar, the log lines, the metrics
-file (one JSON object per step) and the loss-curve PNG."""
+"""The Python front end's share of what a training run shows and leaves behind: the progress
+bar, reading the metrics file (one JSON object per step, written by the C++ loop's MetricsFile,
+include/tardelli/train/metrics_file.h) and the loss-curve PNG."""
 import json
 import math
 import os
@@ -20,6 +21,11 @@ class Progress:
             except ImportError:
                 pass
 
+    @property
+    def active(self):
+        """Whether a bar is shown (log lines then go through write())."""
+        return self._bar is not None
+
     def update(self, loss):
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
@@ -34,60 +40,6 @@ class Progress:
     def close(self):
         if self._bar is not None:
             self._bar.close()
-
-
-def format_log_line(rec, steps):
-    line = (f"step {rec['step']:>6}/{steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
-            f"grad norm {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
-            f"mfu {100 * rec['mfu']:.1f}% | mem {rec['mem_bytes'] / 2**20:.0f} MiB")
-    if "moe_aux_loss" in rec:
-        line += (f" | moe aux {rec['moe_aux_loss']:.3f} z {rec['moe_z_loss']:.3f} "
-                 f"max load {rec['moe_max_load']:.2f}x dropped {rec['moe_dropped_tokens']}")
-    if "loss_scale" in rec:
-        line += f" | loss scale {rec['loss_scale']:g}" + (" (skipped)" if rec["skipped"] else "")
-    elif rec.get("skipped"):
-        line += " | skipped"
-    if rec.get("nonfinite_skips"):
-        line += f" | non-finite skips {rec['nonfinite_skips']}"
-    if "val_loss" in rec:
-        line += f" | val loss {rec['val_loss']:.4f}"
-    return line
-
-
-class MetricsFile:
-    """Appends one JSON object per step (flushed, so a crash loses at most the current line).
-    A resumed run drops the lines of steps after the checkpoint it resumed from, so the file
-    always describes one history; with append=True (a restarted attempt of a supervised run,
-    Note [Supervised metrics] in trainer.py) it keeps them and adds its own after, so a step
-    may have several rows: effective_rows gives the history."""
-
-    def __init__(self, path, resume_step=None, append=False):
-        self.path = path
-        if not path:
-            self._f = None
-            return
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if append:
-            self._f = open(path, "a")
-        elif resume_step is not None and os.path.exists(path):
-            kept = [r for r in read_metrics(path) if r["step"] <= resume_step]
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                for r in kept:
-                    f.write(json.dumps(r) + "\n")
-            os.replace(tmp, path)
-            self._f = open(path, "a")
-        else:
-            self._f = open(path, "w")
-
-    def write(self, rec):
-        if self._f is not None:
-            self._f.write(json.dumps(rec) + "\n")
-            self._f.flush()
-
-    def close(self):
-        if self._f is not None:
-            self._f.close()
 
 
 def read_metrics(path):
