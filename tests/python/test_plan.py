@@ -238,6 +238,33 @@ def test_bubble_is_the_schedule_simulation(kind, vpp):
     assert bd["bubble_fraction"] == pytest.approx(sim.bubble_fraction, abs=1e-3)
 
 
+def test_shared_cores_shrink_the_pipeline_bubble():
+    """Note [Shared cores in a pipeline]: 4 ranks on 2 cores (each computes at half speed while
+    all compute). With free communication the pp 4 pipeline costs the larger of the schedule at
+    full speed and the busiest rank's work at half speed: m x 2 x (one micro-batch's work) here,
+    less than the whole schedule at half speed (bubble included) and more than it at full speed.
+    One rank per core (cores 4) keeps the schedule's makespan."""
+    def model(cores):
+        p = toy_profile(cores=cores)
+        for fits in p["collectives"].values():
+            for g in fits:
+                fits[g] = {"alpha_s": 0.0, "beta_s_per_byte": 0.0}
+        return profile.Machine(p)
+    spec = ModelSpec.from_config(cfg_of(*TINY, "--layers", "8"))
+    lay = Layout(pp=4, dp=1, micro_batch_size=1, schedule="1f1b", recompute="none")
+    shared = P.evaluate(spec, lay, GBS, model(2), 4)["breakdown"]
+    alone = P.evaluate(spec, lay, GBS, model(4), 4)["breakdown"]
+    m = alone["microbatches"]
+    # At full speed (cores 4, one thread each) the pipeline is m work units / (1 - bubble).
+    unit = alone["compute_ms"] / m
+    assert alone["pipeline_ms"] == pytest.approx(m * unit / (1 - alone["bubble_fraction"]),
+                                                 rel=1e-3)
+    # Shared: twice the work per unit, the bubble filled by the other ranks' work.
+    assert shared["pipeline_ms"] == pytest.approx(
+        max(alone["pipeline_ms"], 2 * m * unit), rel=1e-3)
+    assert alone["pipeline_ms"] < shared["pipeline_ms"] < 2 * alone["pipeline_ms"]
+
+
 def test_more_data_parallel_ranks_do_not_slow_a_step_without_communication():
     """With free collectives and no core sharing, dp 2 does half the micro-batches of dp 1."""
     p = toy_profile(cores=0)

@@ -113,6 +113,19 @@ class StepModel:
             bi += self.m.memory_seconds(2 * ew, self.threads) + 2 * ovh / 3
         return fwd * self.slow, bi * self.slow, bw * self.slow
 
+    def selective_seconds(self, layout, tokens, moe=False):
+        """Selective recomputation's cost in one block's backward: the MLP activation (GELU,
+        or llama's SiLU x gate) recomputed from its saved input, ff values per token on this
+        rank: one elementwise value's cost each (Note [Elementwise probes]; the bandwidth of
+        reading and writing them without probes)."""
+        spec, s = self.spec, self.spec.dtype_bytes
+        ff = (spec.moe_ffn_hidden * spec.moe_top_k if moe else spec.ffn_hidden // layout.tp)
+        if self.ew_rate is not None:
+            t = self.ew_rate * ff * tokens
+        else:
+            t = self.m.memory_seconds(2 * s * ff * tokens, self.threads)
+        return t * self.slow
+
     def head_times(self, layout, tokens):
         """(forward, backward) seconds of ln_f + the chunked LM head and loss (its gradient
         GEMMs run in the forward, Note [Chunked LM head])."""
@@ -193,10 +206,12 @@ class StepModel:
         # Per pp rank: forward, backward-input and backward-weight seconds of one micro-batch
         # through all its chunks, compute and communication.
         per_rank, parts = [], []
+        fast = []  # the same at full speed (Note [Shared cores in a pipeline])
         nv = len(layers)
         start = [sum(layers[:v]) for v in range(nv)]
         for r in range(layout.pp):
             F = BI = BW = comm_f = comm_b = 0.0
+            sel = 0.0  # selective recomputation's activation, in BI
             comp = {"gemm_attn_ew": 0.0, "recompute": 0.0, "head": 0.0, "tp_cp_ep": 0.0}
             for c in range(layout.vpp):
                 v = c * layout.pp + r
@@ -204,6 +219,8 @@ class StepModel:
                     moe = spec.is_moe(i)
                     f, bi, bw = self.block_times(layout, tokens, moe)
                     cf, cb = self.block_comm(layout, tokens, moe)
+                    if layout.recompute == "selective":
+                        sel += self.selective_seconds(layout, tokens, moe)
                     F += f
                     BI += bi + (f if full else 0.0)
                     BW += bw
@@ -229,8 +246,12 @@ class StepModel:
                         comm_f += 2 * self._coll("all_reduce", 8 * tokens, layout.tp)
                         comm_b += self._coll("all_reduce", spec.dtype_bytes * tokens *
                                              spec.d_model, layout.tp)
+            BI += sel
+            comp["recompute"] += sel
+            comp["gemm_attn_ew"] += sel
             comp["tp_cp_ep"] = comm_f + comm_b
             per_rank.append((F + comm_f, BI + comm_b, BW))
+            fast.append((F / self.slow + comm_f, BI / self.slow + comm_b, BW / self.slow))
             parts.append(comp)
         worst = max(range(layout.pp), key=lambda r: sum(per_rank[r]))
         tf, tbi, tbw = per_rank[worst]
@@ -247,13 +268,24 @@ class StepModel:
         if layout.pp > 1:
             if sim is None:
                 raise ValueError("StepModel.step: pp > 1 needs the pipeline simulation")
-            if layout.schedule == "zb":
-                res = sim(layout.schedule, layout.pp, m, layout.vpp, tf, tbi, tbw)
-            else:
+            def run(f, bi, bw):
+                if layout.schedule == "zb":
+                    return sim(layout.schedule, layout.pp, m, layout.vpp, f, bi, bw)
                 # Non-split schedules run B = BI + BW as one action.
-                half = (tbi + tbw) / 2
-                res = sim(layout.schedule, layout.pp, m, layout.vpp, tf, half, half)
-            pipe = res.makespan + p2p
+                return sim(layout.schedule, layout.pp, m, layout.vpp, f, (bi + bw) / 2,
+                           (bi + bw) / 2)
+            res = run(tf, tbi, tbw)
+            pipe = res.makespan
+            if self.slow > 1:
+                # Note [Shared cores in a pipeline]: ranks that share cores run at 1 / slow of
+                # their speed only while all of them compute; a stage waiting in the bubble
+                # leaves its share to the others. The makespan is then bounded below by the
+                # schedule at full speed (its critical path) and by the work of the busiest
+                # rank at the shared speed (all cores kept busy); it takes the larger bound
+                # instead of the schedule run at the shared speed throughout.
+                ff, fbi, fbw = fast[worst]
+                pipe = max(run(ff, fbi, fbw).makespan, m * (tf + tbi + tbw))
+            pipe += p2p
             bd["bubble_fraction"] = res.bubble_fraction
         else:
             pipe = m * (tf + tbi + tbw)
