@@ -326,7 +326,9 @@ class StepModel:
         if g == 1:
             return 0.0, 0.0
         coll = lambda op, b: self._coll(op, b, g, layout.tp)  # noqa: E731
-        nbytes = 4 * self._local_params(layout, layers, r)
+        n = self._local_params(layout, layers, r)
+        nbytes = 4 * n  # fp32 gradients
+        gather = self.m.p.get("param_gather_bytes", 4) * n  # ZeRO's parameter all-gathers
         z = layout.zero
         ov = self.m.p["overlap"]
         if z == 0:
@@ -335,7 +337,7 @@ class StepModel:
             return t, max(t - ov * hide, (1 - ov) * t)
         if z == 1:
             rs = coll("reduce_scatter", nbytes)
-            ag = coll("all_gather", nbytes)
+            ag = coll("all_gather", gather)
             hide = t_bwd_mb if layout.pp == 1 or self._pp_overlap() else 0.0
             if self._pp_overlap():
                 # Megatron's --overlap-param-gather: the gather hides behind the next forward.
@@ -343,12 +345,12 @@ class StepModel:
             return rs + ag, max(rs - ov * hide, (1 - ov) * rs) + ag
         if z == 2:
             rs = m * coll("reduce_scatter", nbytes)
-            ag = coll("all_gather", nbytes)
+            ag = coll("all_gather", gather)
             hide = m * t_bwd_mb
             return rs + ag, max(rs - ov * hide, (1 - ov) * rs) + ag
         # ZeRO-3: parameters gathered before each forward and backward of every micro-batch
         # (prefetched one unit ahead), gradients reduce-scattered per micro-batch.
-        ag = 2 * m * coll("all_gather", nbytes)
+        ag = 2 * m * coll("all_gather", gather)
         rs = m * coll("reduce_scatter", nbytes)
         hide = m * t_bwd_mb * 1.5
         t = ag + rs

@@ -34,8 +34,11 @@ profile never silently falls back to a default.
      "memory_bytes": 2.4e10,         # device memory per rank (the default --mem-limit)
      "tp_comm_overlap": 0.0,         # optional: fraction of tp/sp collectives hidden behind
                                      # GEMMs (Megatron's --tp-comm-overlap; Tardelli: 0)
-     "dp_overlap_with_pp": false}    # optional: the dp reduction overlaps the pipeline's
+     "dp_overlap_with_pp": false,    # optional: the dp reduction overlaps the pipeline's
                                      # cooldown (Megatron; Tardelli reduces after the schedule)
+     "param_gather_bytes": 4}        # optional: bytes per parameter of ZeRO's parameter
+                                     # all-gather (Tardelli gathers fp32 masters: 4; Megatron's
+                                     # distributed optimizer the bf16 model parameters: 2)
 """
 import json
 import math
@@ -112,7 +115,8 @@ def validate(p):
                               "collectives", "overlap",
                               "allocator", "memory_bytes"),
                ("hardware", "ranks_per_node", "inter_node", "memory_slack", "measured",
-                "notes", "tp_comm_overlap", "dp_overlap_with_pp", "probes"))
+                "notes", "tp_comm_overlap", "dp_overlap_with_pp", "probes",
+                "param_gather_bytes"))
     if p["version"] != 1:
         raise ProfileError(f"profile.version: expected 1, got {p['version']!r}")
     if not isinstance(p["name"], str):
@@ -161,6 +165,9 @@ def validate(p):
     if not _num(p.get("tp_comm_overlap", 0)) or not 0 <= p.get("tp_comm_overlap", 0) <= 1:
         raise ProfileError(f"profile.tp_comm_overlap: expected a fraction in [0, 1], got "
                            f"{p['tp_comm_overlap']!r}")
+    if p.get("param_gather_bytes", 4) not in (2, 4):
+        raise ProfileError(f"profile.param_gather_bytes: expected 2 or 4, got "
+                           f"{p['param_gather_bytes']!r}")
     if not isinstance(p.get("dp_overlap_with_pp", False), bool):
         raise ProfileError("profile.dp_overlap_with_pp: expected true or false")
     if p["allocator"] not in ("td_cpu", "cuda_caching"):
