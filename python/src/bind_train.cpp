@@ -1,7 +1,8 @@
 // The C++ training loop (include/tardelli/train/trainer.h) as tardelli._C.train: the Trainer
-// that python -m tardelli.train and python -m tardelli.checkpoint convert drive. Type conversion
-// only: configurations, summaries and records cross as JSON text (the Python side's json module
-// reads and writes them), callbacks are called with the GIL held.
+// that python -m tardelli.train and python -m tardelli.checkpoint convert drive, and the
+// configuration rules (validate) that the Python front end and the planner apply. Type
+// conversion only: a configuration is a flat dict of scalars (as TrainConfig.to_dict() gives),
+// summaries cross as JSON text, callbacks are called with the GIL held.
 #include "bind.h"
 #include "tardelli/core/json.h"
 #include "tardelli/train/metrics_file.h"
@@ -13,6 +14,32 @@ namespace td::python {
 using namespace pybind11::literals;
 using train::Trainer;
 
+namespace {
+
+// A configuration dict (field name -> bool, int, float or str) as the JSON object from_json
+// reads; any other value is a ConfigError naming the key.
+train::TrainConfig config_of(const py::dict& values) {
+  json::Value obj = json::Object{};
+  for (const auto& [k, v] : values) {
+    const std::string key = py::str(k);
+    if (py::isinstance<py::bool_>(v)) {
+      obj.set(key, v.cast<bool>());
+    } else if (py::isinstance<py::int_>(v)) {
+      obj.set(key, v.cast<int64_t>());
+    } else if (py::isinstance<py::float_>(v)) {
+      obj.set(key, v.cast<double>());
+    } else if (py::isinstance<py::str>(v)) {
+      obj.set(key, v.cast<std::string>());
+    } else {
+      throw train::ConfigError("config: '" + key + "' must be a bool, int, float or str, got " +
+                               std::string(py::str(py::repr(v))));
+    }
+  }
+  return train::from_json(obj, "config");
+}
+
+}  // namespace
+
 void init_train(py::module_& m, TensorClass& /*cls*/) {
   py::module_ t = m.def_submodule("train", "The C++ training loop (include/tardelli/train)");
   // A bad configuration (every rank rejects it alike): the Python CLI exits with status 2.
@@ -22,6 +49,12 @@ void init_train(py::module_& m, TensorClass& /*cls*/) {
       "fields_json", [] { return json::dump(train::fields_json()); },
       "Every configuration field (name, type, default, help, choices) as JSON text");
   t.def(
+      "validate",
+      [](const py::dict& config, int64_t dp_size) { train::validate(config_of(config), dp_size); },
+      "config"_a, "dp_size"_a = 1,
+      "td::train::validate: ConfigError naming the offending flag(s) (reads --data's files and "
+      "--precision-map)");
+  t.def(
       "gemm_peak_flops",
       [](const std::string& dtype, const std::string& device, int64_t n, int reps) {
         return train::gemm_peak_flops(checkpoint::parse_short_dtype(dtype), Device::parse(device),
@@ -30,15 +63,16 @@ void init_train(py::module_& m, TensorClass& /*cls*/) {
       "dtype"_a, "device"_a = "cpu", "n"_a = 0, "reps"_a = 5, nogil());
 
   py::class_<Trainer>(t, "Trainer")
-      .def(py::init([](const std::string& config_json, const distributed::CommPtr& world,
+      .def(py::init([](const py::dict& config, const distributed::CommPtr& world,
                        std::optional<int64_t> checkpoint_vocab, const std::string& tokenizer_dir) {
-             train::TrainConfig cfg = train::from_json(json::parse(config_json), "config");
+             train::TrainConfig cfg = config_of(config);
              std::optional<train::CheckpointOnly> only;
              if (checkpoint_vocab) only = train::CheckpointOnly{*checkpoint_vocab, tokenizer_dir};
+             py::gil_scoped_release release;
              return std::make_unique<Trainer>(std::move(cfg), world, std::move(only));
            }),
-           "config_json"_a, "world"_a = nullptr, "checkpoint_vocab"_a = std::nullopt,
-           "tokenizer_dir"_a = "", nogil())
+           "config"_a, "world"_a = nullptr, "checkpoint_vocab"_a = std::nullopt,
+           "tokenizer_dir"_a = "")
       .def(
           "run",
           [](Trainer& tr, const py::function& log, const py::object& on_step) {

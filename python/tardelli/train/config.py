@@ -9,7 +9,6 @@ data source) are rejected with a message naming the key and the value.
 """
 import argparse
 import dataclasses
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -226,30 +225,6 @@ _CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
             "fp8": ("none", "hybrid", "e4m3"), "precision_policy": ("static", "adaptive")}
 
 
-def validate_precision(cfg, need):
-    """--fp8 and the per-layer precision flags (docs/fp8.md)."""
-    need(cfg.fp8 == "none" or cfg.cp == 1,
-         f"--fp8 {cfg.fp8} with --cp {cfg.cp}: FP8 linears under context parallelism are not "
-         "supported yet")
-    for k in ("fp8_overflow", "fp8_underflow", "fp8_error", "bf16_error"):
-        v = getattr(cfg, f"precision_{k}")
-        need(math.isfinite(v) and v >= 0,
-             f"--precision-{k.replace('_', '-')} must be >= 0, got {v}")
-    need(cfg.precision_stable_steps >= 1,
-         f"--precision-stable-steps must be >= 1, got {cfg.precision_stable_steps}")
-    if cfg.precision_policy == "adaptive" or cfg.precision_map:
-        flag = "--precision-policy adaptive" if cfg.precision_policy == "adaptive" else \
-            "--precision-map"
-        need(cfg.zero < 3, f"{flag} with --zero 3: bf16/fp32 linears and the statistics "
-             "need the fp32 weights, which ZeRO-3 releases between uses")
-    if cfg.precision_map:
-        pmap = read_precision_map(cfg.precision_map, cfg.layers)
-        fp8 = sorted(k for k, v in pmap.items() if v == "fp8")
-        need(not fp8 or cfg.fp8 != "none",
-             f"--precision-map {cfg.precision_map}: entry '{fp8[0] if fp8 else ''}' is fp8 "
-             "but --fp8 is none")
-
-
 def _coerce(name, value, source):
     want = _FIELDS[name].type
     want = {"int": int, "float": float, "str": str, "bool": bool}.get(want, want)
@@ -346,229 +321,14 @@ def _planned(cfg, world_size):
 
 
 def validate(cfg, dp_size=1):
-    """Checks one configuration; raises ConfigError naming the offending key(s)."""
-    def need(cond, msg):
-        if not cond:
-            raise ConfigError(msg)
-
-    for name, choices in _CHOICES.items():
-        v = getattr(cfg, name)
-        need(v in choices, f"--{name.replace('_', '-')}: unknown value {v!r} "
-             f"(choose from {', '.join(choices)})")
-    for name in ("layers", "d_model", "heads", "seq_len", "micro_batch_size", "steps"):
-        need(getattr(cfg, name) > 0, f"--{name.replace('_', '-')} must be > 0, "
-             f"got {getattr(cfg, name)}")
-    for name in ("kv_heads", "ffn_hidden", "vocab_size", "global_batch_size", "warmup_steps",
-                 "eval_interval", "eval_steps", "save_interval", "exit_interval"):
-        need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
-             f"got {getattr(cfg, name)}")
-    need(cfg.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {cfg.zero}")
-    need(not cfg.offload_optimizer or cfg.zero >= 1,
-         "--offload-optimizer needs --zero 1, 2 or 3: the offloaded state is the sharded "
-         "distributed optimizer's (as in DeepSpeed and Megatron)")
-    need(cfg.zero < 2 or cfg.schedule != "zb",
-         f"--zero {cfg.zero} with --schedule zb is not supported yet (the deferred weight "
-         "gradients would arrive after the per-micro-batch gradient reduce-scatter)")
-    need(cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:"),
-         f"--device: expected cpu, cuda or cuda:N, got {cfg.device!r}")
-    if cfg.device != "cpu":
-        import tardelli as td
-        need(td.cuda.is_available(), f"--device {cfg.device}: no CUDA device is available "
-             f"(td.cuda.device_count() == 0; this build has the CUDA backend: "
-             f"{td.cuda.is_built()})")
-        need(cfg.cp == 1 and cfg.ep == 1,
-             f"--device {cfg.device} with --cp {cfg.cp} / --ep {cfg.ep}: context and expert "
-             "parallelism run on CPU ranks only for now (data, tensor, sequence and pipeline "
-             "parallelism and ZeRO run on GPUs)")
-    need(cfg.tp >= 1, f"--tp must be >= 1, got {cfg.tp}")
-    need(not cfg.sequence_parallel or cfg.tp > 1,
-         "--sequence-parallel needs tensor parallelism (--tp > 1)")
-    need(cfg.make_vocab_size_divisible_by >= 1,
-         f"--make-vocab-size-divisible-by must be >= 1, got {cfg.make_vocab_size_divisible_by}")
-    need(cfg.pp >= 1 and cfg.vpp >= 1, f"--pp and --vpp must be >= 1, got {cfg.pp}, {cfg.vpp}")
-    need(cfg.vpp == 1 or cfg.schedule == "interleaved",
-         f"--vpp {cfg.vpp} needs --schedule interleaved")
-    need(cfg.schedule != "interleaved" or cfg.vpp >= 2,
-         "--schedule interleaved needs --vpp >= 2 model chunks per rank")
-    if cfg.pipeline_layout:
-        try:
-            counts = [int(x) for x in cfg.pipeline_layout.split(",")]
-        except ValueError:
-            counts = []
-        need(len(counts) == cfg.pp * cfg.vpp and all(c >= 1 for c in counts) and
-             sum(counts) == cfg.layers,
-             f"--pipeline-layout {cfg.pipeline_layout!r} must list {cfg.pp * cfg.vpp} positive "
-             f"layer counts (--pp x --vpp) summing to --layers {cfg.layers}")
-    else:
-        need(cfg.layers % (cfg.pp * cfg.vpp) == 0,
-             f"--layers {cfg.layers} is not divisible by --pp {cfg.pp} x --vpp {cfg.vpp} "
-             "(or give --pipeline-layout)")
-        counts = [cfg.layers // (cfg.pp * cfg.vpp)] * (cfg.pp * cfg.vpp)
-    need(cfg.recompute_layers >= 0,
-         f"--recompute-layers must be >= 0, got {cfg.recompute_layers}")
-    need(cfg.recompute_layers == 0 or cfg.recompute == "full",
-         f"--recompute-layers {cfg.recompute_layers} selects blocks for full recomputation: it "
-         f"needs --recompute full (got --recompute {cfg.recompute})")
-    if cfg.recompute_layers:
-        # Every stage (model chunk) recomputes its first N blocks (Megatron's block method), so
-        # N must fit in the smallest one.
-        fewest = min(range(len(counts)), key=lambda s: counts[s])
-        need(cfg.recompute_layers <= counts[fewest],
-             f"--recompute-layers {cfg.recompute_layers} exceeds the {counts[fewest]} layers of "
-             f"pipeline stage {fewest} (--layers {cfg.layers}, --pp {cfg.pp}, --vpp {cfg.vpp}"
-             f"{', --pipeline-layout ' + cfg.pipeline_layout if cfg.pipeline_layout else ''}): "
-             "full recomputation applies to the first N blocks of every stage")
-    need(cfg.cp >= 1, f"--cp must be >= 1, got {cfg.cp}")
-    if cfg.cp > 1:
-        kv_ = cfg.kv_heads or cfg.heads
-        need(cfg.seq_len % (2 * cfg.cp) == 0,
-             f"--cp {cfg.cp}: --seq-len {cfg.seq_len} must be divisible by 2 x cp = "
-             f"{2 * cfg.cp} (the zigzag layout cuts each sequence into 2 x cp chunks)")
-        need(not cfg.sequence_parallel or (cfg.seq_len // cfg.cp) % cfg.tp == 0,
-             f"--sequence-parallel with --cp {cfg.cp}: --tp {cfg.tp} does not divide each cp "
-             f"rank's {cfg.seq_len // cfg.cp} tokens")
-        need(cfg.cp_comm != "a2a" or (cfg.heads % (cfg.tp * cfg.cp) == 0 and
-                                      kv_ % (cfg.tp * cfg.cp) == 0),
-             f"--cp-comm a2a splits heads over tp x cp = {cfg.tp * cfg.cp}: --heads "
-             f"{cfg.heads} and the {kv_} key/value heads must be divisible by it (or use "
-             "--cp-comm ring)")
-        need(cfg.device == "cpu", f"--cp {cfg.cp}: context parallelism runs on the CPU "
-             "(MPI) backend for now")
-        need(cfg.zero < 2, f"--zero {cfg.zero} with --cp {cfg.cp}: ZeRO-2/3 over the dp x cp "
-             "group is not supported yet (use --zero 0 or 1)")
-    if cfg.tp > 1:
-        kv_ = cfg.kv_heads or cfg.heads
-        need(cfg.heads % cfg.tp == 0,
-             f"--tp {cfg.tp} does not divide --heads {cfg.heads} (attention splits heads)")
-        need(kv_ % cfg.tp == 0, f"--tp {cfg.tp} does not divide the {kv_} key/value heads "
-             "(--kv-heads; grouped-query attention splits them too)")
-        need(cfg.cp > 1 or not cfg.sequence_parallel or cfg.seq_len % cfg.tp == 0,
-             f"--sequence-parallel: --tp {cfg.tp} does not divide --seq-len {cfg.seq_len}")
-    validate_moe(cfg, need, dp_size)
-    need(cfg.ddp_bucket_mb > 0, f"--ddp-bucket-mb must be > 0, got {cfg.ddp_bucket_mb}")
-    need(cfg.ranks_per_node >= 0, f"--ranks-per-node must be >= 0 (0: from the environment), "
-         f"got {cfg.ranks_per_node}")
-    need(cfg.fp8_amax_history >= 0, f"--fp8-amax-history must be >= 0, got "
-         f"{cfg.fp8_amax_history}")
-    need(math.isfinite(cfg.fp8_margin) and cfg.fp8_margin >= 0,
-         f"--fp8-margin must be >= 0, got {cfg.fp8_margin}")
-    validate_precision(cfg, need)
-    need(cfg.powersgd_rank >= 1, f"--powersgd-rank must be >= 1, got {cfg.powersgd_rank}")
-    need(0 < cfg.topk_ratio <= 1, f"--topk-ratio must be in (0, 1], got {cfg.topk_ratio}")
-    need(cfg.compression_start_step >= 0,
-         f"--compression-start-step must be >= 0, got {cfg.compression_start_step}")
-    need(cfg.compression_start_step == 0 or cfg.grad_compression != "none",
-         "--compression-start-step applies to --grad-compression")
-    need(cfg.grad_compression == "none" or cfg.zero < 2,
-         f"--grad-compression {cfg.grad_compression} with --zero {cfg.zero}: compression works "
-         "with all-reduced (--zero 0) and ZeRO-1 gradients, not ZeRO-2/3 shards")
-    need(cfg.ranks_per_node == 0 or cfg.hierarchical_reduce,
-         "--ranks-per-node applies to --hierarchical-reduce")
-    need(cfg.log_interval > 0, f"--log-interval must be > 0, got {cfg.log_interval}")
-    need(cfg.trace == "" or cfg.pp > 1, "--trace records the pipeline timeline: it needs --pp > 1")
-    need(cfg.d_model % cfg.heads == 0,
-         f"--heads {cfg.heads} does not divide --d-model {cfg.d_model}")
-    kv = cfg.kv_heads or cfg.heads
-    need(cfg.heads % kv == 0, f"--kv-heads {kv} does not divide --heads {cfg.heads}")
-    need(cfg.arch == "llama" or kv == cfg.heads,
-         f"--kv-heads {cfg.kv_heads}: grouped-query attention needs --arch llama")
-    need(0.0 <= cfg.dropout < 1.0, f"--dropout must be in [0, 1), got {cfg.dropout}")
-    need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
-    need(cfg.min_lr_value <= cfg.lr, f"--min-lr {cfg.min_lr} is larger than --lr {cfg.lr}")
-    need(cfg.warmup_steps <= cfg.steps,
-         f"--warmup-steps {cfg.warmup_steps} exceeds --steps {cfg.steps}")
-    need(cfg.weight_decay >= 0, f"--weight-decay must be >= 0, got {cfg.weight_decay}")
-    need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1,
-         f"--beta1/--beta2 must be in [0, 1), got {cfg.beta1}, {cfg.beta2}")
-    need(cfg.clip_grad >= 0, f"--clip-grad must be >= 0, got {cfg.clip_grad}")
-    need(math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0,
-         f"--initial-loss-scale must be a positive number, got {cfg.initial_loss_scale}")
-    need(cfg.loss_scale_window >= 1,
-         f"--loss-scale-window must be >= 1, got {cfg.loss_scale_window}")
+    """Checks one configuration; raises ConfigError naming the offending key(s). The rules are
+    the training loop's own (td::train::validate, src/train/config_validate.cpp): one set for
+    both front ends and the planner. Reads --data's files and --precision-map."""
+    from .. import _C
     try:
-        injected = inject_steps(cfg)
-    except ValueError:
-        injected = None
-    need(injected is not None and all(s >= 1 for s in injected),
-         f"--inject-nonfinite-grad must list step numbers >= 1 separated by commas, got "
-         f"{cfg.inject_nonfinite_grad!r}")
-    try:
-        injected = inject_loss_steps(cfg)
-    except ValueError:
-        injected = None
-    need(injected is not None and all(s >= 1 for s, _ in injected),
-         f"--inject-nonfinite-loss must list STEP or STEP@RANK (steps >= 1, ranks >= 0) "
-         f"separated by commas, got {cfg.inject_nonfinite_loss!r}")
-    need(cfg.max_skipped_steps >= 1,
-         f"--max-skipped-steps must be >= 1, got {cfg.max_skipped_steps}")
-    need(math.isfinite(cfg.straggler_threshold) and
-         (cfg.straggler_threshold == 0 or cfg.straggler_threshold >= 1),
-         f"--straggler-threshold must be 0 (off) or a ratio >= 1, got "
-         f"{cfg.straggler_threshold}")
-    gbs = cfg.global_batch_size or cfg.micro_batch_size * dp_size
-    need(gbs % (cfg.micro_batch_size * dp_size) == 0,
-         f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
-         f"{cfg.micro_batch_size} x data-parallel size {dp_size}")
-    if cfg.pp > 1 and gbs % (cfg.micro_batch_size * dp_size) == 0:
-        m = gbs // (cfg.micro_batch_size * dp_size)
-        need(cfg.schedule != "interleaved" or (m >= cfg.pp and m % cfg.pp == 0),
-             f"--schedule interleaved: the {m} micro-batches per step (global batch / (micro "
-             f"batch x dp)) must be a multiple of --pp {cfg.pp} and at least {cfg.pp}")
-    need(bool(cfg.data) != cfg.synthetic_data,
-         "give exactly one data source: --data PREFIX or --synthetic-data"
-         if not cfg.data else "--data and --synthetic-data exclude each other")
-    if cfg.synthetic_data:
-        need(cfg.vocab_size > 0, "--synthetic-data needs --vocab-size")
-    else:
-        for ext in (".idx", ".bin"):
-            need(os.path.isfile(cfg.data + ext),
-                 f"--data {cfg.data}: {cfg.data + ext} not found (make it with "
-                 "python -m tardelli.data.preprocess)")
-    try:
-        ratios = [float(x) for x in cfg.split.split(",")]
-    except ValueError:
-        ratios = []
-    need(len(ratios) == 3 and all(r >= 0 for r in ratios) and ratios[0] > 0,
-         f"--split must be three non-negative ratios with train > 0, e.g. 98,1,1; got "
-         f"{cfg.split!r}")
-    need(not cfg.resume or cfg.save, "--resume needs --save DIR (where the checkpoints are)")
-    need(not cfg.async_save or cfg.save, "--async-save needs --save DIR")
-
-
-def validate_moe(cfg, need, dp_size=1):
-    """The mixture-of-experts keys (checked whatever --num-experts, so a typo in a dense run's
-    MoE key is caught too), --ep, and the layouts the MoE model does not support yet."""
-    need(cfg.num_experts >= 0, f"--num-experts must be >= 0 (0: dense), got {cfg.num_experts}")
-    for name in ("moe_ffn_hidden", "moe_shared_experts"):
-        need(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, "
-             f"got {getattr(cfg, name)}")
-    need(cfg.moe_layer_freq >= 1, f"--moe-layer-freq must be >= 1, got {cfg.moe_layer_freq}")
-    for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate",
-                 "moe_capacity_factor"):
-        v = getattr(cfg, name)
-        need(math.isfinite(v) and v >= 0,
-             f"--{name.replace('_', '-')} must be a number >= 0, got {v}")
-    need(cfg.ep >= 1, f"--ep must be >= 1, got {cfg.ep}")
-    need(cfg.ep == 1 or cfg.num_experts > 0,
-         f"--ep {cfg.ep}: expert parallelism needs a mixture-of-experts model (--num-experts)")
-    if cfg.num_experts == 0:
-        return
-    need(1 <= cfg.moe_top_k <= cfg.num_experts,
-         f"--moe-top-k {cfg.moe_top_k} must be in [1, --num-experts {cfg.num_experts}]")
-    need(cfg.num_experts % cfg.ep == 0,
-         f"--num-experts {cfg.num_experts} is not divisible by --ep {cfg.ep} (each ep rank "
-         "holds num_experts / ep experts)")
-    need(dp_size % cfg.ep == 0,
-         f"--ep {cfg.ep} does not divide the data-parallel size {dp_size} (ranks / (tp x cp x "
-         "pp)): the ep ranks are data-parallel ranks of the dense layers")
-    need(cfg.ep == 1 or cfg.zero < 3,
-         f"--ep {cfg.ep} with --zero 3: sharding the experts over their expert-data-parallel "
-         "group is not supported yet (use --zero 0, 1 or 2)")
-    need(not cfg.sequence_parallel,
-         f"--num-experts {cfg.num_experts} with --sequence-parallel: the MoE layers run on "
-         "whole sequences under --tp (drop --sequence-parallel)")
-    need(cfg.cp == 1, f"--num-experts {cfg.num_experts} with --cp {cfg.cp}: the MoE layers do "
-         "not support context parallelism yet (use --cp 1)")
+        _C.train.validate(cfg.to_dict(), dp_size)
+    except _C.train.ConfigError as e:
+        raise ConfigError(str(e)) from None
 
 
 def accumulation_steps(cfg, dp_size=1):
@@ -604,42 +364,4 @@ def split_ratios(cfg):
 # change (the position counts samples, as in Megatron), and so may the layout: tp, pp, vpp, dp,
 # cp, ep, the ZeRO stage and the vocabulary padding (Note [Layout-free checkpoints] in
 # include/tardelli/train/train_state.h).
-def _flatten(table, prefix=""):
-    """{"h": {"3": {"mlp": {"c_fc": "bf16"}}}} -> {"h.3.mlp.c_fc": "bf16"}: TOML reads dotted
-    keys as nested tables, JSON may hold either form."""
-    out = {}
-    for k, v in table.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, name + "."))
-        else:
-            out[name] = v
-    return out
-
-
-def read_precision_map(path, n_layer):
-    """The --precision-map file (JSON, or TOML by its .toml suffix) as {linear name: precision},
-    checked against a model of n_layer blocks; ConfigError naming the file and the entry."""
-    import json
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        table = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--precision-map {path}: {e}") from None
-    if not isinstance(table, dict):
-        raise ConfigError(f"--precision-map {path}: expected a table of linear names to "
-                          f"precisions, got {type(table).__name__}")
-    entries = _flatten(table)
-    for k, v in entries.items():
-        if not isinstance(v, str):
-            raise ConfigError(f"--precision-map {path}: entry '{k}': expected a precision "
-                              f"string (fp8, bf16 or fp32), got {v!r}")
-    from .. import _C  # the C++ core, only when a map is given
-    try:
-        return _C.models.parse_precision_map(entries, n_layer)
-    except Exception as e:  # td::Error: names the entry
-        raise ConfigError(f"--precision-map {path}: {e}") from None
-
-
 RESUME_KEYS = ("seq_len", "data", "split", "synthetic_data", "seed")

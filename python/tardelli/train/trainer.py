@@ -52,10 +52,10 @@ def join_world():
     return dist.world() if dist.is_initialized() else dist.init()
 
 
-def _config_json(cfg):
+def _config_dict(cfg):
     # --plan auto has already set the layout fields (config.parse_config); the C++ loop takes
     # the result, so the checkpoint's flags record the layout that ran.
-    return json.dumps(dataclasses.replace(cfg, plan="").to_dict())
+    return dataclasses.replace(cfg, plan="").to_dict()
 
 
 def build(cfg, world=None, checkpoint_vocab=None, tokenizer_dir=""):
@@ -67,7 +67,7 @@ def build(cfg, world=None, checkpoint_vocab=None, tokenizer_dir=""):
         from .. import distributed as dist
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
     try:
-        return _C.train.Trainer(_config_json(cfg), world, checkpoint_vocab, tokenizer_dir)
+        return _C.train.Trainer(_config_dict(cfg), world, checkpoint_vocab, tokenizer_dir)
     except _C.train.ConfigError as e:
         raise C.ConfigError(str(e)) from None
 
