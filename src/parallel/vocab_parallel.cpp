@@ -139,35 +139,15 @@ Tensor vp_ce_backward(const Tensor& grad, const VpCeSaved& s, Reduction reductio
   return dtype == DType::Float32 ? dx : dx.to(dtype);
 }
 
-}  // namespace
-
-Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets,
-                                    const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
-                                    int64_t ignore_index, Reduction reduction) {
-  const char* op = "vocab_parallel_cross_entropy";
-  ops::check_defined(logits_shard, op, "logits_shard");
-  ops::check_defined(targets, op, "targets");
-  ops::check_cpu(logits_shard, op);
-  ops::check_floating(logits_shard, op);
-  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
-  TD_CHECK(logits_shard.dim() >= 1, op, ": logits_shard must be [..., V_pad/tp], got ",
-           describe(logits_shard));
-  TD_CHECK(is_integral(targets.dtype()), op, ": targets must be int32 or int64, got ",
-           describe(targets));
-  const int64_t Vs = logits_shard.size(-1);
-  Shape batch(logits_shard.sizes().begin(), logits_shard.sizes().end() - 1);
-  TD_CHECK(targets.sizes() == batch, op, ": targets ", describe(targets), " must have shape ",
-           shape_str(batch), " to match logits_shard ", describe(logits_shard));
-  const int64_t padded = Vs * tp->size();
-  TD_CHECK(Vs > 0 && vocab_start >= 0 && vocab_start + Vs <= padded && vocab_start % Vs == 0, op,
-           ": vocab_start ", vocab_start, " is not the start of a ", Vs,
-           "-column shard of the padded vocabulary ", padded);
-  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
-           true_vocab_size, " must be in [1, ", padded, "]");
-
+// The forward of the vocab-parallel cross-entropy on fp32 contiguous logits [N, Vs] (a view of
+// them is kept in the result): the targets' local columns, the global row max and sum of exp
+// (Note [Three reductions]) and each row's loss in `loss` (0 for ignored rows).
+VpCeSaved vp_ce_forward(const char* op, const Tensor& logits, const Tensor& targets,
+                        const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
+                        int64_t ignore_index, std::vector<float>& loss) {
   VpCeSaved s;
-  const int64_t N = numel_of(batch);
-  s.logits = logits_shard.detach().to(DType::Float32).contiguous().view({N, Vs});
+  const int64_t N = logits.size(0), Vs = logits.size(1);
+  s.logits = logits;
   s.valid = std::clamp<int64_t>(true_vocab_size - vocab_start, 0, Vs);
   std::vector<int64_t> t = to_vector<int64_t>(targets);
   s.target.assign(N, -1);
@@ -182,7 +162,6 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
     ++s.count;
     if (t[i] >= vocab_start && t[i] < vocab_start + Vs) s.target[i] = t[i] - vocab_start;
   }
-
   // Note [Three reductions]: the row max must be global before exp (else the partial sums
   // would be scaled differently on each rank); the sum of exp and the target logit then travel
   // in one [N, 2] all-reduce. Ranks with no valid columns contribute -inf and 0.
@@ -211,9 +190,67 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
   });
   tp->all_reduce(st, dist::ReduceOp::Sum);
   s.sum = st.select(1, 0).contiguous();
-  std::vector<float> loss(N, 0.0f);
+  loss.assign(N, 0.0f);
   for (int64_t i = 0; i < N; ++i)
     if (!s.ignored[i]) loss[i] = std::log(sp[2 * i]) - sp[2 * i + 1];
+
+  return s;
+}
+
+// The gradient of the summed loss, softmax - onehot, written over s.logits in place (rows of
+// ignored targets and the padded columns zero): vp_ce_backward's values for a gradient of 1.
+void vp_ce_grad_in_place(VpCeSaved& s) {
+  const int64_t N = s.logits.size(0), Vs = s.logits.size(1);
+  float* x = s.logits.data_ptr<float>();
+  const float* mx = s.max.data_ptr<float>();
+  const float* sm = s.sum.data_ptr<float>();
+  cpu::parallel_for(N, std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(Vs, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i) {
+                        float* xi = x + i * Vs;
+                        if (s.ignored[i]) {
+                          std::fill(xi, xi + Vs, 0.0f);
+                          continue;
+                        }
+                        const float inv = 1.0f / sm[i];
+                        for (int64_t j = 0; j < s.valid; ++j) xi[j] = std::exp(xi[j] - mx[i]) * inv;
+                        std::fill(xi + s.valid, xi + Vs, 0.0f);
+                        if (s.target[i] >= 0) xi[s.target[i]] -= 1.0f;
+                      }
+                    });
+}
+
+}  // namespace
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets,
+                                    const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
+                                    int64_t ignore_index, Reduction reduction) {
+  const char* op = "vocab_parallel_cross_entropy";
+  ops::check_defined(logits_shard, op, "logits_shard");
+  ops::check_defined(targets, op, "targets");
+  ops::check_cpu(logits_shard, op);
+  ops::check_floating(logits_shard, op);
+  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
+  TD_CHECK(logits_shard.dim() >= 1, op, ": logits_shard must be [..., V_pad/tp], got ",
+           describe(logits_shard));
+  TD_CHECK(is_integral(targets.dtype()), op, ": targets must be int32 or int64, got ",
+           describe(targets));
+  const int64_t Vs = logits_shard.size(-1);
+  Shape batch(logits_shard.sizes().begin(), logits_shard.sizes().end() - 1);
+  TD_CHECK(targets.sizes() == batch, op, ": targets ", describe(targets), " must have shape ",
+           shape_str(batch), " to match logits_shard ", describe(logits_shard));
+  const int64_t padded = Vs * tp->size();
+  TD_CHECK(Vs > 0 && vocab_start >= 0 && vocab_start + Vs <= padded && vocab_start % Vs == 0, op,
+           ": vocab_start ", vocab_start, " is not the start of a ", Vs,
+           "-column shard of the padded vocabulary ", padded);
+  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
+           true_vocab_size, " must be in [1, ", padded, "]");
+
+  const int64_t N = numel_of(batch);
+  std::vector<float> loss;
+  VpCeSaved s =
+      vp_ce_forward(op, logits_shard.detach().to(DType::Float32).contiguous().view({N, Vs}),
+                    targets, tp, vocab_start, true_vocab_size, ignore_index, loss);
 
   Tensor out;
   if (reduction == Reduction::None) {
@@ -261,7 +298,15 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   TD_CHECK(is_integral(targets.dtype()) && targets.dim() == 1 && targets.size(0) == h.size(0), op,
            ": targets must be [", h.size(0), "] int32/int64 ids, got ", describe(targets));
   TD_CHECK(chunk_elems > 0, op, ": chunk_elems must be > 0, got ", chunk_elems);
+  ops::check_cpu(h, op);
+  ops::check_cpu(w_shard, op);
   const int64_t n = h.size(0), vs = w_shard.size(0);
+  const int64_t padded = vs * tp->size();
+  TD_CHECK(vs > 0 && vocab_start >= 0 && vocab_start + vs <= padded && vocab_start % vs == 0, op,
+           ": vocab_start ", vocab_start, " is not the start of a ", vs,
+           "-column shard of the padded vocabulary ", padded);
+  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
+           true_vocab_size, " must be in [1, ", padded, "]");
   const int64_t rows =
       std::max<int64_t>(1, std::min<int64_t>(n, chunk_elems / std::max<int64_t>(vs, 1)));
   int64_t valid = 0;
@@ -280,29 +325,19 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   for (int64_t r0 = 0; r0 < n; r0 += rows) {
     const int64_t k = std::min(rows, n - r0);
     Tensor hc = hd.narrow(0, r0, k), tc = tg.narrow(0, r0, k);
-    Tensor l;
-    {
-      autograd::NoGradGuard ng;
-      l = logits_fp32(hc, wd);
-    }
-    if (!grad) {
-      autograd::NoGradGuard ng;
-      total += vocab_parallel_cross_entropy(l, tc, tp, vocab_start, true_vocab_size, ignore_index,
-                                            Reduction::Sum)
-                   .item<float>();
-      continue;
-    }
-    Tensor dl;
-    {
-      autograd::GradModeGuard on(true);
-      l.set_requires_grad(true);
-      Tensor loss = vocab_parallel_cross_entropy(l, tc, tp, vocab_start, true_vocab_size,
-                                                 ignore_index, Reduction::Sum);
-      total += loss.item<float>();
-      dl = autograd::grad({loss}, {l}, {})[0];
-    }
     autograd::NoGradGuard ng;
-    l = Tensor();
+    // Note [In-place vocab-parallel gradient]: the chunk's logits become their own gradient
+    // (softmax - onehot, the values the op's backward gives for a gradient of 1), so a chunk
+    // holds one [k, V/tp] fp32 buffer, as the single-rank head does.
+    std::vector<float> loss;
+    VpCeSaved st = vp_ce_forward(op, logits_fp32(hc, wd).contiguous(), tc, tp, vocab_start,
+                                 true_vocab_size, ignore_index, loss);
+    double chunk = 0.0;  // the Sum reduction's order and its fp32 result
+    for (float v : loss) chunk += v;
+    total += static_cast<float>(chunk);
+    if (!grad) continue;
+    vp_ce_grad_in_place(st);
+    const Tensor dl = st.logits;
     if (need_h) {
       Tensor d = dl.dtype() == hd.dtype() ? dl : to_dtype(dl, hd.dtype());
       gh.narrow(0, r0, k).copy_(mm(d, wd));
