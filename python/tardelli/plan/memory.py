@@ -164,9 +164,10 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
         params, grads, opt, bufs, padded = _states(spec, layout, named, alloc, single)
         params += sum(sc(4 * n) for n in spec.buffers()) * len(chunks)
         blk = block_activation_bytes(spec, layout, tokens, layout.recompute, alloc)
-        if tp > 1 and layout.recompute != "full":
-            # The tensor-parallel layers keep two more residual-sized tensors per block (the
-            # row-parallel outputs after their reduction, which the bias add keeps).
+        if tp > 1 and layout.recompute != "full" and spec.arch == "gpt2":
+            # gpt2's tensor-parallel layers keep two more residual-sized tensors per block (the
+            # row-parallel outputs after their reduction, which the bias add keeps; llama's
+            # linears have no bias).
             blk += 2 * sc(s * d * t_res)
         pre_out = sc(s * d * t_res) if pre and spec.arch == "gpt2" else 0
         # The head keeps d x [t, d] and d W [V/tp, d] fp32 from its forward, ln_f its input
