@@ -354,7 +354,9 @@ Tensor GPT::maybe_dropout(const Tensor& x, bool sp) {
 
 // Note [Linear precision] (models/precision_policy.h). Under tensor parallelism a column
 // layer's weight and output gradient are shards (its input is gathered whole), a row layer's
-// input and weight (its output gradient is whole): their amaxes are the max over tp.
+// input and weight (its output gradient is whole): their amaxes are the max over tp. Under
+// context parallelism every layer's input and output gradient hold this rank's part of the
+// sequence (the weights are replicated): their amaxes are also the max over cp.
 LinearFn GPT::block_gemm(size_t li, const Tensor& w, const Tensor& b, bool row) const {
   const Fp8Amax amaxes =
       is_training() && autograd::grad_enabled() ? Fp8Amax::Observe : Fp8Amax::Ignore;
@@ -367,6 +369,11 @@ LinearFn GPT::block_gemm(size_t li, const Tensor& w, const Tensor& b, bool row) 
     auto tp_max = [p = parallel_](double v) { return p->tp_max(v); };
     shards.weight = tp_max;
     (row ? shards.input : shards.grad) = tp_max;
+  }
+  if (parallel_ && parallel_->cp_size() > 1) {
+    for (std::function<double(double)>* f : {&shards.input, &shards.grad}) {
+      *f = [p = parallel_, inner = *f](double v) { return p->cp_max(inner ? inner(v) : v); };
+    }
   }
   return linears_.gemm(li, w, b, amaxes, shards);
 }

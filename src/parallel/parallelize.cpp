@@ -131,6 +131,12 @@ double GPTContextParallel::tp_max(double v) {
   return tp_ ? tp_->tp_max(v) : v;
 }
 
+double GPTContextParallel::cp_max(double v) {
+  Tensor t = full({1}, v, {DType::Float32});  // exact, as tp_max
+  cp_->all_reduce(t, dist::ReduceOp::Max);
+  return t.item<double>();
+}
+
 Tensor GPTContextParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {
   return tp_ ? tp_->embedding(ids, w, sp) : td::embedding(w, ids);
 }

@@ -311,9 +311,6 @@ void validate_moe(const TrainConfig& cfg, int64_t dp_size) {
 }
 
 void validate_precision(const TrainConfig& cfg) {
-  need(cfg.fp8 == "none" || cfg.cp == 1,
-       str_cat("--fp8 ", cfg.fp8, " with --cp ", cfg.cp,
-               ": FP8 linears under context parallelism are not supported yet"));
   for (std::string_view k : {"fp8_overflow", "fp8_underflow", "fp8_error", "bf16_error"}) {
     const double v = float_field(cfg, "precision_" + std::string(k));
     need(std::isfinite(v) && v >= 0,

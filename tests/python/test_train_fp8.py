@@ -87,7 +87,6 @@ def test_precision_map_pins_linears(tmp_path):
 
 
 @pytest.mark.parametrize("argv, world, message", [
-    (["--fp8", "hybrid", "--cp", "2"], 2, "FP8 linears under context parallelism"),
     (["--fp8", "hybrid", "--fp8-amax-history", "-1"], 1, "--fp8-amax-history must be >= 0"),
     (["--fp8", "hybrid", "--fp8-margin", "-1"], 1, "--fp8-margin must be >= 0"),
     (["--precision-fp8-error", "-1"], 1, "--precision-fp8-error must be >= 0"),

@@ -24,6 +24,7 @@ LAYOUTS = {
     "tp2": ["--tp", "2"],
     "tp2-sp": ["--tp", "2", "--sequence-parallel"],
     "pp2": ["--pp", "2", "--schedule", "1f1b"],
+    "cp2": ["--cp", "2"],
 }
 
 pytestmark = pytest.mark.skipif(not td.distributed.mpi_available(),
@@ -52,10 +53,11 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_fp8_layout_matches_one_rank(reference, tmp_path, layout):
     # Property: with the amaxes reduced over the ranks holding each layer (dp: the same
-    # tensors' micro-batches; tp: the shards of one tensor), every layout quantizes with the
+    # tensors' micro-batches; tp: the shards of one tensor; cp: the parts of one sequence),
+    # every layout quantizes with the
     # single rank's scales, so the FP8 operands are the single rank's and the layouts differ
     # only by fp32 summation order (row-parallel partial sums, gradient all-reduce, pipeline
-    # accumulation), as without FP8 (where losses agree to 1e-5). A 1-ulp difference can move
+    # accumulation, cp's attention), as without FP8 (where losses agree to 1e-5). A 1-ulp difference can move
     # a value across an FP8 rounding boundary (up to 2^-3 relative for that element, E4M3's
     # spacing), and AdamW turns a changed gradient of an almost-zero entry into a full
     # lr-sized step, so FP8 layouts drift apart faster: measured relative loss gaps over 6
@@ -116,3 +118,20 @@ def test_adaptive_decisions_equal_across_dp_ranks(tmp_path):
     assert any(r["precision"].get("changes") for r in metrics(m))
     chunks = rank_chunks(save, 2)
     assert chunks[0][0]["precision"] == chunks[1][0]["precision"]
+
+
+@pytest.mark.parametrize("layout", ["tp2", "cp2"])
+def test_fp8_current_scaling_layout_matches_one_rank(tmp_path, layout):
+    # Property: under current scaling (--fp8-amax-history 0) each quantization measures its
+    # tensor at once, so a tp shard's or a cp part's amax must be the whole tensor's (a max over
+    # the group inside the layer, Fp8Shards); then the layout quantizes with the one-rank
+    # scales and, with no history to carry a difference from step to step, the losses agree
+    # to fp32 rounding (measured 5.7e-8 for both layouts). Without the cp reduction (each cp
+    # rank scaling by its own part of the sequence) the gap measured 1.4e-4: rtol 1e-5, the
+    # tolerance of layouts without FP8, tells the two apart.
+    cur = ["--fp8-amax-history", "0"]
+    ref, _ = train(tmp_path, "ref", 1, *cur)
+    losses, _ = train(tmp_path, layout, 2, *LAYOUTS[layout], *cur)
+    gap = max(abs(a - b) / b for a, b in zip(losses, ref))
+    print(f"fp8 current scaling {layout}: max relative loss gap vs one rank: {gap:.2e}")
+    np.testing.assert_allclose(losses, ref, rtol=1e-5)

@@ -495,9 +495,6 @@ INSTANTIATE_TEST_SUITE_P(
              "--moe-aux-loss-coeff must be a number >= 0, got -1.0"},
         Rule{with_base({"--moe-layer-freq", "0"}), 1, "--moe-layer-freq must be >= 1, got 0"},
         // precision
-        Rule{with_base({"--fp8", "hybrid", "--cp", "2"}), 2,
-             "--fp8 hybrid with --cp 2: FP8 linears under context parallelism are not supported "
-             "yet"},
         Rule{with_base({"--precision-fp8-error", "-1"}), 1,
              "--precision-fp8-error must be >= 0, got -1.0"},
         Rule{with_base({"--precision-policy", "adaptive", "--zero", "3"}), 1,

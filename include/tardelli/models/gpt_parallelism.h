@@ -83,6 +83,9 @@ class GPTParallelism {
   // returns the mean over the cp group (Note [Context-parallel loss] in parallel/parallelize.h).
   virtual int cp_size() const { return 1; }
   virtual int cp_rank() const { return 0; }
+  // The max of `v` over the cp group (the amax of an activation split over the sequence, for
+  // FP8 current scaling); v itself without cp.
+  virtual double cp_max(double v) { return v; }
   // The global positions of this rank's `local_T` tokens (empty without cp).
   virtual std::vector<int64_t> positions(int64_t /*local_T*/) const { return {}; }
   // Attention q [B, H, T, hd], k/v [B, Hkv, T, hd] over the whole sequence of the cp group.

@@ -100,6 +100,7 @@ class GPTContextParallel : public models::GPTParallelism {
 
   int cp_size() const override { return cp_->size(); }
   int cp_rank() const override { return cp_->rank(); }
+  double cp_max(double v) override;
   std::vector<int64_t> positions(int64_t local_T) const override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) override;
 
