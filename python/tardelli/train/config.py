@@ -11,218 +11,41 @@ import argparse
 import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 
 
 class ConfigError(ValueError):
     """A bad configuration value; the CLI prints it and exits with status 2."""
 
 
-@dataclass
-class TrainConfig:
-    # ---- model ----
-    arch: str = field(default="gpt2", metadata=dict(help="gpt2 | llama"))
-    layers: int = field(default=4, metadata=dict(help="transformer blocks"))
-    d_model: int = field(default=256, metadata=dict(help="hidden size"))
-    heads: int = field(default=4, metadata=dict(help="attention heads"))
-    kv_heads: int = field(default=0, metadata=dict(help="key/value heads (0: = heads; llama)"))
-    ffn_hidden: int = field(default=0, metadata=dict(help="MLP hidden size (0: the arch's rule)"))
-    seq_len: int = field(default=256, metadata=dict(help="tokens per sample"))
-    vocab_size: int = field(default=0, metadata=dict(
-        help="vocabulary (0: from the dataset's tokenizer; required with --synthetic-data)"))
-    dropout: float = field(default=0.0, metadata=dict(help="dropout probability"))
-    dtype: str = field(default="fp32", metadata=dict(help="compute dtype: fp32 | bf16 | fp16"))
-    # ---- mixture of experts (docs/moe.md) ----
-    num_experts: int = field(default=0, metadata=dict(
-        help="routed experts per MoE layer (0: a dense model)"))
-    moe_top_k: int = field(default=2, metadata=dict(help="experts each token is routed to"))
-    moe_ffn_hidden: int = field(default=0, metadata=dict(
-        help="each expert's hidden size (0: the dense MLP's, --ffn-hidden or the arch's rule)"))
-    moe_layer_freq: int = field(default=1, metadata=dict(
-        help="block i is an MoE block iff i %% F == 0 (1: every block)"))
-    moe_shared_experts: int = field(default=0, metadata=dict(
-        help="always-on shared experts (one dense MLP of S x the expert hidden size)"))
-    moe_aux_loss_coeff: float = field(default=0.01, metadata=dict(
-        help="load-balancing (Switch) loss coefficient, per MoE layer"))
-    moe_z_loss_coeff: float = field(default=0.0, metadata=dict(
-        help="router z-loss (ST-MoE) coefficient, per MoE layer"))
-    moe_router_bias_update_rate: float = field(default=0.0, metadata=dict(
-        help="aux-loss-free balancing (DeepSeek-V3): expert bias step after each optimizer "
-             "step (0: off)"))
-    moe_capacity_factor: float = field(default=0.0, metadata=dict(
-        help="expert capacity = factor x tokens x top-k / experts, overflow dropped (0: "
-             "dropless)"))
-    # ---- batch and optimizer ----
-    micro_batch_size: int = field(default=8, metadata=dict(help="samples per forward/backward"))
-    global_batch_size: int = field(default=0, metadata=dict(
-        help="samples per optimizer step (0: micro batch x dp); larger = gradient accumulation"))
-    steps: int = field(default=1000, metadata=dict(help="optimizer steps to train in total"))
-    lr: float = field(default=6e-4, metadata=dict(help="peak learning rate"))
-    min_lr: float = field(default=-1.0, metadata=dict(help="final learning rate (-1: lr / 10)"))
-    warmup_steps: int = field(default=0, metadata=dict(
-        help="linear warmup steps (Megatron's default 0: the schedule starts at --lr)"))
-    lr_decay_style: str = field(default="cosine", metadata=dict(
-        help="cosine | linear | constant"))
-    weight_decay: float = field(default=0.1, metadata=dict(help="AdamW decoupled weight decay"))
-    beta1: float = field(default=0.9, metadata=dict(help="AdamW beta1"))
-    beta2: float = field(default=0.95, metadata=dict(help="AdamW beta2"))
-    eps: float = field(default=1e-8, metadata=dict(help="AdamW epsilon"))
-    clip_grad: float = field(default=1.0, metadata=dict(help="gradient norm clip (0: off)"))
-    initial_loss_scale: float = field(default=65536.0, metadata=dict(
-        help="--dtype fp16: the dynamic loss scale to start from (x0.5 on inf/nan gradients, "
-             "which skip the step)"))
-    loss_scale_window: int = field(default=2000, metadata=dict(
-        help="--dtype fp16: clean steps in a row before the loss scale doubles"))
-    seed: int = field(default=1337, metadata=dict(help="initialization, data order, dropout"))
-    device: str = field(default="cpu", metadata=dict(
-        help="cpu | cuda | cuda:N: where the model trains (batches are prepared on the host "
-             "and copied; several ranks: each on cuda:{local rank %% GPUs}, collectives staged "
-             "through host memory)"))
-    # ---- data ----
-    data: str = field(default="", metadata=dict(help="Megatron dataset prefix (PREFIX.idx/.bin)"))
-    split: str = field(default="98,1,1", metadata=dict(help="train,valid,test document ratios"))
-    synthetic_data: bool = field(default=False, metadata=dict(
-        help="random tokens drawn from the seed instead of a dataset"))
-    # ---- parallelism (data parallel size = world size / (tp x cp x pp))
-    plan: str = field(default="", metadata=dict(
-        help="auto: take tp, pp, vpp, cp, ep, the schedule, micro batch, ZeRO stage and "
-             "recomputation from the planner's fastest layout for this world size "
-             "(docs/planner.md); empty: as given"))
-    plan_profile: str = field(default="", metadata=dict(
-        help="with --plan auto: the machine profile (default $TD_PLAN_PROFILE or "
-             "~/.cache/tardelli/profile.json; python -m tardelli.plan calibrate)"))
-    tp: int = field(default=1, metadata=dict(
-        help="tensor-parallel size: each layer's matrices split over this many ranks"))
-    sequence_parallel: bool = field(default=False, metadata=dict(
-        help="with --tp > 1: also split the activations between layers along the sequence"))
-    make_vocab_size_divisible_by: int = field(default=128, metadata=dict(
-        help="under --tp, pad the vocabulary to a multiple of this x tp"))
-    cp: int = field(default=1, metadata=dict(
-        help="context-parallel size: each sequence split over this many ranks (zigzag)"))
-    cp_comm: str = field(default="ring", metadata=dict(
-        help="with --cp > 1: ring (ring attention) | a2a (all-to-all, Ulysses)"))
-    pp: int = field(default=1, metadata=dict(
-        help="pipeline-parallel size: the layers split into this many stages"))
-    ep: int = field(default=1, metadata=dict(
-        help="expert-parallel size: each MoE layer's experts split over this many of the "
-             "data-parallel ranks (must divide the data-parallel size)"))
-    vpp: int = field(default=1, metadata=dict(
-        help="model chunks (virtual stages) per pipeline rank (--schedule interleaved)"))
-    schedule: str = field(default="1f1b", metadata=dict(
-        help="pipeline schedule: gpipe | 1f1b | interleaved | zb"))
-    pipeline_layout: str = field(default="", metadata=dict(
-        help="layers per virtual stage, e.g. 3,5 (empty: even split)"))
-    trace: str = field(default="", metadata=dict(
-        help="with --pp: write the last step's pipeline timeline (Chrome trace JSON) and a PNG"))
-    zero: int = field(default=0, metadata=dict(
-        help="ZeRO stage: 0 = replicated optimizer, 1 = optimizer state sharded over dp ranks, "
-             "2 = + gradients sharded, 3 = + parameters sharded (FSDP); docs/memory.md"))
-    offload_optimizer: bool = field(default=False, metadata=dict(
-        help="with --zero 1/2/3: master weights and AdamW moments in host memory, the AdamW "
-             "step on the CPU"))
-    recompute: str = field(default="selective", metadata=dict(
-        help="activation recomputation: none | selective (the MLP activation) | full (each "
-             "block from its input); never changes losses (docs/memory.md)"))
-    recompute_layers: int = field(default=0, metadata=dict(
-        help="with --recompute full: only the first N blocks of each pipeline stage/chunk "
-             "(0: every block)"))
-    hierarchical_reduce: bool = field(default=False, metadata=dict(
-        help="two-level data-parallel reductions: inside each node first, then across nodes "
-             "(docs/distributed.md)"))
-    ranks_per_node: int = field(default=0, metadata=dict(
-        help="ranks per node for --hierarchical-reduce (0: from the launcher's environment, "
-             "else one node); set it to simulate nodes on one machine"))
-    fp8: str = field(default="none", metadata=dict(
-        help="FP8 linears in the blocks, emulated: none | hybrid (E4M3 forward, E5M2 "
-             "gradients) | e4m3 (every tensor in E4M3); docs/fp8.md"))
-    fp8_amax_history: int = field(default=16, metadata=dict(
-        help="--fp8: steps of amax history for delayed scaling (0: current scaling)"))
-    fp8_margin: float = field(default=0.0, metadata=dict(
-        help="--fp8: scales are fp8_max / amax / 2^margin"))
-    precision_policy: str = field(default="static", metadata=dict(
-        help="per-layer precision of the block linears: static (--fp8 / --precision-map) | "
-             "adaptive (each starts at fp8, or bf16 without --fp8, and is promoted to bf16 / "
-             "fp32 when its statistics cross the --precision-* thresholds; docs/fp8.md)"))
-    precision_map: str = field(default="", metadata=dict(
-        help="JSON or TOML file mapping block linears (h.3.mlp.c_fc or blocks.3.mlp_in) to "
-             "fp8 | bf16 | fp32; under adaptive, each entry is that linear's lowest precision"))
-    precision_fp8_overflow: float = field(default=1e-2, metadata=dict(
-        help="adaptive: promote an fp8 linear when this fraction of its quantized values "
-             "saturates"))
-    precision_fp8_underflow: float = field(default=0.05, metadata=dict(
-        help="adaptive: promote an fp8 linear when this fraction of its quantized values "
-             "flushes to zero"))
-    precision_fp8_error: float = field(default=0.25, metadata=dict(
-        help="adaptive: promote an fp8 linear when its output's relative error vs fp32 exceeds "
-             "this"))
-    precision_bf16_error: float = field(default=0.02, metadata=dict(
-        help="adaptive: promote a bf16 linear to fp32 when its output's relative error vs "
-             "fp32 exceeds this"))
-    precision_stable_steps: int = field(default=100, metadata=dict(
-        help="adaptive: demote a promoted linear after this many steps within half the lower "
-             "precision's thresholds"))
-    grad_compression: str = field(default="none", metadata=dict(
-        help="compressed data-parallel gradients with error feedback: none | powersgd | topk "
-             "| randomk (docs/distributed.md)"))
-    powersgd_rank: int = field(default=4, metadata=dict(
-        help="PowerSGD's rank (every matrix's dimensions must be at least this)"))
-    topk_ratio: float = field(default=0.01, metadata=dict(
-        help="top-k / random-k: the fraction of each bucket's entries a rank sends, in (0, 1]"))
-    compression_start_step: int = field(default=0, metadata=dict(
-        help="with --grad-compression: the first N steps reduce uncompressed (PyTorch's "
-             "start_powerSGD_iter; Note [Compression warm-up])"))
-    ddp_bucket_mb: float = field(default=40.0, metadata=dict(
-        help="gradient bucket size for overlapped data-parallel reduction (MB)"))
-    # ---- evaluation, logging, checkpoints ----
-    eval_interval: int = field(default=100, metadata=dict(help="steps between evaluations (0: off)"))
-    eval_steps: int = field(default=10, metadata=dict(help="validation micro-batches per eval"))
-    log_interval: int = field(default=10, metadata=dict(help="steps between log lines"))
-    save: str = field(default="", metadata=dict(help="checkpoint root directory"))
-    save_interval: int = field(default=0, metadata=dict(
-        help="steps between checkpoints (0: only at the end)"))
-    async_save: bool = field(default=False, metadata=dict(
-        help="write checkpoints in a background thread: the step only copies the state to "
-             "host memory (docs/checkpoints.md)"))
-    resume: bool = field(default=False, metadata=dict(
-        help="continue from the latest checkpoint under --save"))
-    metrics_file: str = field(default="", metadata=dict(help="JSON lines, one per step"))
-    exit_interval: int = field(default=0, metadata=dict(
-        help="stop (after saving) once the step count is a multiple of this (0: off)"))
-    progress: bool = field(default=True, metadata=dict(help="show a progress bar"))
-    inject_nonfinite_grad: str = field(default="", metadata=dict(
-        help="testing aid: comma-separated steps (1-based) whose backward is seeded with inf "
-             "on every rank, so their gradients are non-finite (exercises fp16 step skipping)"))
-    inject_nonfinite_loss: str = field(default="", metadata=dict(
-        help="testing aid: comma-separated STEP or STEP@RANK (1-based steps, RANK a world "
-             "rank; default every rank) whose loss is reported as nan on that rank while the "
-             "gradients stay finite (exercises --on-nonfinite)"))
-    # ---- fault tolerance ----
-    on_nonfinite: str = field(default="raise", metadata=dict(
-        help="a step whose loss or gradient norm is inf/nan on any rank: raise (stop with an "
-             "error naming the step) | skip (discard its update; the step still counts)"))
-    max_skipped_steps: int = field(default=5, metadata=dict(
-        help="with --on-nonfinite skip: stop with an error after this many consecutive "
-             "skipped steps"))
-    straggler_threshold: float = field(default=1.2, metadata=dict(
-        help="log a rank whose step compute time exceeds this ratio x the median over ranks "
-             "(at most once per --log-interval steps; 0: off)"))
+def _make_config_class():
+    """TrainConfig: a dataclass of the training loop's own field table (td::train's kFields,
+    src/train/train_config.cpp: name, type, default, help, choices), so the Python front end
+    and the C++ loop cannot disagree on a field."""
+    import json
+    from .. import _C
+    types = {"int": int, "float": float, "str": str, "bool": bool}
+    spec = json.loads(_C.train.fields_json())
+    cls_fields = [(f["name"], types[f["type"]],
+                   field(default=f["default"],
+                         metadata=dict(help=f["help"], choices=tuple(f["choices"]))))
+                  for f in spec]
 
-    @property
     def min_lr_value(self):
         return self.lr / 10 if self.min_lr < 0 else self.min_lr
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
+    return dataclasses.make_dataclass(
+        "TrainConfig", cls_fields, namespace={"min_lr_value": property(min_lr_value),
+                                              "to_dict": to_dict,
+                                              "__module__": __name__})
 
+
+TrainConfig = _make_config_class()
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
-_CHOICES = {"arch": ("gpt2", "llama"), "dtype": ("fp32", "bf16", "fp16"),
-            "schedule": ("gpipe", "1f1b", "interleaved", "zb"),
-            "lr_decay_style": ("cosine", "linear", "constant"),
-            "recompute": ("none", "selective", "full"), "cp_comm": ("ring", "a2a"),
-            "on_nonfinite": ("raise", "skip"),
-            "grad_compression": ("none", "powersgd", "topk", "randomk"),
-            "fp8": ("none", "hybrid", "e4m3"), "precision_policy": ("static", "adaptive")}
+_CHOICES = {f.name: f.metadata["choices"] for f in fields(TrainConfig) if f.metadata["choices"]}
 
 
 def _coerce(name, value, source):
@@ -270,7 +93,8 @@ def build_parser(prog="python -m tardelli.train", extra=None):
     p.add_argument("--config", help="TOML file of defaults; flags override it")
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
-        kw = dict(dest=f.name, default=None, help=f.metadata.get("help", ""))
+        # argparse formats help with %: a literal one is doubled.
+        kw = dict(dest=f.name, default=None, help=f.metadata.get("help", "").replace("%", "%%"))
         if f.type == "bool" or f.type is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
