@@ -93,6 +93,19 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const 
 
 namespace {
 
+// A shard of `columns` vocabulary columns starting at vocab_start of the padded vocabulary
+// (columns x tp), of which the first true_vocab_size are real.
+void check_vocab_shard(const char* op, int64_t columns, int tp, int64_t vocab_start,
+                       int64_t true_vocab_size) {
+  const int64_t padded = columns * tp;
+  TD_CHECK(columns > 0 && vocab_start >= 0 && vocab_start + columns <= padded &&
+               vocab_start % columns == 0,
+           op, ": vocab_start ", vocab_start, " is not the start of a ", columns,
+           "-column shard of the padded vocabulary ", padded);
+  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
+           true_vocab_size, " must be in [1, ", padded, "]");
+}
+
 // What the fused backward recomputes the softmax from (fp32, detached).
 struct VpCeSaved {
   Tensor logits;                // [N, Vs] fp32 contiguous
@@ -239,12 +252,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
   Shape batch(logits_shard.sizes().begin(), logits_shard.sizes().end() - 1);
   TD_CHECK(targets.sizes() == batch, op, ": targets ", describe(targets), " must have shape ",
            shape_str(batch), " to match logits_shard ", describe(logits_shard));
-  const int64_t padded = Vs * tp->size();
-  TD_CHECK(Vs > 0 && vocab_start >= 0 && vocab_start + Vs <= padded && vocab_start % Vs == 0, op,
-           ": vocab_start ", vocab_start, " is not the start of a ", Vs,
-           "-column shard of the padded vocabulary ", padded);
-  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
-           true_vocab_size, " must be in [1, ", padded, "]");
+  check_vocab_shard(op, Vs, tp->size(), vocab_start, true_vocab_size);
 
   const int64_t N = numel_of(batch);
   std::vector<float> loss;
@@ -301,12 +309,7 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   ops::check_cpu(h, op);
   ops::check_cpu(w_shard, op);
   const int64_t n = h.size(0), vs = w_shard.size(0);
-  const int64_t padded = vs * tp->size();
-  TD_CHECK(vs > 0 && vocab_start >= 0 && vocab_start + vs <= padded && vocab_start % vs == 0, op,
-           ": vocab_start ", vocab_start, " is not the start of a ", vs,
-           "-column shard of the padded vocabulary ", padded);
-  TD_CHECK(true_vocab_size > 0 && true_vocab_size <= padded, op, ": true_vocab_size ",
-           true_vocab_size, " must be in [1, ", padded, "]");
+  check_vocab_shard(op, vs, tp->size(), vocab_start, true_vocab_size);
   const int64_t rows =
       std::max<int64_t>(1, std::min<int64_t>(n, chunk_elems / std::max<int64_t>(vs, 1)));
   int64_t valid = 0;
