@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops/common.h"
@@ -18,6 +20,7 @@
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/indexing.h"
 #include "tardelli/ops/matmul.h"
+#include "tardelli/ops/reduction.h"
 #include "tardelli/ops/view.h"
 
 namespace td::parallel {
@@ -291,10 +294,92 @@ Tensor logits_fp32(const Tensor& h, const Tensor& w) {
 
 }  // namespace
 
+namespace {
+
+// Note [Vocab-parallel head on a device]: one chunk of the fused head with tensor ops, for
+// logits l [k, Vs] fp32 on any device: the rows' max over the valid columns, the sum of
+// exp(l - max) and the target logits are formed there, copied to the host ([k] each) and
+// reduced over tp exactly as vp_ce_forward does (the same host tensors, the same order), so
+// the loss is computed on the host alike; with `grad` the chunk's logit gradient
+// (softmax - onehot, zero on padded columns and ignored rows) is returned as a new device
+// tensor. Returns (the chunk's summed loss as the Sum reduction's fp32, the gradient).
+std::pair<float, Tensor> vp_ce_chunk_tensor_ops(const char* op, const Tensor& l,
+                                                const Tensor& targets, const CommPtr& tp,
+                                                int64_t vocab_start, int64_t true_vocab_size,
+                                                int64_t ignore_index, bool grad) {
+  const int64_t k = l.size(0), Vs = l.size(1);
+  const int64_t valid = std::clamp<int64_t>(true_vocab_size - vocab_start, 0, Vs);
+  const std::vector<int64_t> t = to_vector<int64_t>(targets);
+  std::vector<int64_t> local_rows, local_flat;  // rows whose target is on this rank
+  std::vector<uint8_t> ignored(k, 0);
+  for (int64_t i = 0; i < k; ++i) {
+    if (t[i] == ignore_index) {
+      ignored[i] = 1;
+      continue;
+    }
+    TD_CHECK(t[i] >= 0 && t[i] < true_vocab_size, op, ": target ", t[i], " at position ", i,
+             " is out of range for the vocabulary size ", true_vocab_size);
+    if (t[i] >= vocab_start && t[i] < vocab_start + Vs) {
+      local_rows.push_back(i);
+      local_flat.push_back(i * Vs + (t[i] - vocab_start));
+    }
+  }
+  const Device dev = l.device();
+  const Tensor lv = valid > 0 ? l.narrow(1, 0, valid) : Tensor();
+  Tensor mx_dev = valid > 0
+                      ? amax(lv, {1})
+                      : full({k}, -std::numeric_limits<double>::infinity(), {DType::Float32, dev});
+  Tensor mx = mx_dev.to(kCPU).contiguous();  // Note [Three reductions]
+  tp->all_reduce(mx, dist::ReduceOp::Max);
+  mx_dev = mx.to(dev);
+  const Tensor shifted = valid > 0 ? sub(lv, mx_dev.unsqueeze(1)) : Tensor();
+  const Tensor e = valid > 0 ? exp(shifted) : Tensor();
+  const std::vector<float> sums =
+      valid > 0 ? to_vector<float>(sum(e, {1}).to(kCPU)) : std::vector<float>(k, 0.0f);
+  std::vector<float> tl;
+  if (!local_flat.empty()) {
+    const Tensor idx = from_vector<int64_t>(local_flat, {static_cast<int64_t>(local_flat.size())});
+    tl = to_vector<float>(index_select(l.reshape({k * Vs}), 0, idx.to(dev)).to(kCPU));
+  }
+  const std::vector<float> mxv = to_vector<float>(mx);
+  Tensor st = zeros({k, 2}, {DType::Float32});
+  float* sp = st.data_ptr<float>();
+  for (int64_t i = 0; i < k; ++i) sp[2 * i] = sums[i];
+  for (size_t j = 0; j < local_rows.size(); ++j) {
+    const int64_t i = local_rows[j];
+    sp[2 * i + 1] = tl[j] - mxv[i];
+  }
+  tp->all_reduce(st, dist::ReduceOp::Sum);
+  double total = 0.0;  // the Sum reduction's order
+  for (int64_t i = 0; i < k; ++i) {
+    if (!ignored[i]) total += static_cast<float>(std::log(sp[2 * i]) - sp[2 * i + 1]);
+  }
+  if (!grad) return {static_cast<float>(total), Tensor()};
+  Tensor sum_dev = st.select(1, 0).contiguous().to(dev);
+  Tensor dl = zeros({k, Vs}, {DType::Float32, dev});
+  if (valid > 0) dl.narrow(1, 0, valid).copy_(div(e, sum_dev.unsqueeze(1)));
+  if (std::any_of(ignored.begin(), ignored.end(), [](uint8_t b) { return b != 0; })) {
+    std::vector<float> keep(k);
+    for (int64_t i = 0; i < k; ++i) keep[i] = ignored[i] ? 0.0f : 1.0f;
+    dl = mul(dl, from_vector<float>(keep, {k, 1}).to(dev));
+  }
+  if (!local_flat.empty()) {
+    const int64_t n = static_cast<int64_t>(local_flat.size());
+    const Tensor idx = from_vector<int64_t>(local_flat, {n}).to(dev);
+    // index_add(x, ...) is x with src added at the indices: the onehot subtracted.
+    dl = index_add(dl.reshape({k * Vs}), 0, idx, full({n}, -1.0, {DType::Float32, dev}))
+             .reshape({k, Vs});
+  }
+  return {static_cast<float>(total), dl};
+}
+
+}  // namespace
+
 Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shard,
                                            const Tensor& targets, const CommPtr& tp,
                                            int64_t vocab_start, int64_t true_vocab_size,
-                                           int64_t ignore_index, int64_t chunk_elems) {
+                                           int64_t ignore_index, int64_t chunk_elems,
+                                           bool tensor_ops) {
   const char* op = "vocab_parallel_linear_cross_entropy";
   ops::check_defined(h, op, "h");
   ops::check_defined(w_shard, op, "w_shard");
@@ -306,8 +391,9 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   TD_CHECK(is_integral(targets.dtype()) && targets.dim() == 1 && targets.size(0) == h.size(0), op,
            ": targets must be [", h.size(0), "] int32/int64 ids, got ", describe(targets));
   TD_CHECK(chunk_elems > 0, op, ": chunk_elems must be > 0, got ", chunk_elems);
-  ops::check_cpu(h, op);
-  ops::check_cpu(w_shard, op);
+  TD_CHECK(h.device() == w_shard.device(), op, ": h and w_shard must be on one device, got ",
+           describe(h), " and ", describe(w_shard));
+  const bool device_ops = tensor_ops || !h.device().is_cpu();
   const int64_t n = h.size(0), vs = w_shard.size(0);
   check_vocab_shard(op, vs, tp->size(), vocab_start, true_vocab_size);
   const int64_t rows =
@@ -329,18 +415,28 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
     const int64_t k = std::min(rows, n - r0);
     Tensor hc = hd.narrow(0, r0, k), tc = tg.narrow(0, r0, k);
     autograd::NoGradGuard ng;
-    // Note [In-place vocab-parallel gradient]: the chunk's logits become their own gradient
-    // (softmax - onehot, the values the op's backward gives for a gradient of 1), so a chunk
-    // holds one [k, V/tp] fp32 buffer, as the single-rank head does.
-    std::vector<float> loss;
-    VpCeSaved st = vp_ce_forward(op, logits_fp32(hc, wd).contiguous(), tc, tp, vocab_start,
-                                 true_vocab_size, ignore_index, loss);
-    double chunk = 0.0;  // the Sum reduction's order and its fp32 result
-    for (float v : loss) chunk += v;
-    total += static_cast<float>(chunk);
-    if (!grad) continue;
-    vp_ce_grad_in_place(st);
-    const Tensor dl = st.logits;
+    Tensor dl;
+    if (device_ops) {
+      float chunk_loss = 0.0f;
+      std::tie(chunk_loss, dl) =
+          vp_ce_chunk_tensor_ops(op, logits_fp32(hc, wd).contiguous(), tc, tp, vocab_start,
+                                 true_vocab_size, ignore_index, grad);
+      total += chunk_loss;
+      if (!grad) continue;
+    } else {
+      // Note [In-place vocab-parallel gradient]: the chunk's logits become their own gradient
+      // (softmax - onehot, the values the op's backward gives for a gradient of 1), so a chunk
+      // holds one [k, V/tp] fp32 buffer, as the single-rank head does.
+      std::vector<float> loss;
+      VpCeSaved st = vp_ce_forward(op, logits_fp32(hc, wd).contiguous(), tc, tp, vocab_start,
+                                   true_vocab_size, ignore_index, loss);
+      double chunk = 0.0;  // the Sum reduction's order and its fp32 result
+      for (float v : loss) chunk += v;
+      total += static_cast<float>(chunk);
+      if (!grad) continue;
+      vp_ce_grad_in_place(st);
+      dl = st.logits;
+    }
     if (need_h) {
       Tensor d = dl.dtype() == hd.dtype() ? dl : to_dtype(dl, hd.dtype());
       gh.narrow(0, r0, k).copy_(mm(d, wd));

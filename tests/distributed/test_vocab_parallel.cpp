@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tardelli/autograd/grad_mode.h"
 #include "tardelli/core/error.h"
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/ops/elementwise.h"
@@ -276,6 +277,36 @@ TEST(VocabParallel, LinearCrossEntropyChunkedMatchesUnfused) {
   for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(second[i], 2.0f * first[i]) << i;
   EXPECT_THROW(vocab_parallel_linear_cross_entropy(h2, w2, targets.narrow(0, 0, 5), tp, r.start, V),
                Error);
+}
+
+// Note [Vocab-parallel head on a device]: the tensor-ops path (what runs on a GPU), taken here on
+// CPU tensors, gives the host-loop path's loss and gradients (the same chunking, ignored tokens,
+// padded vocabulary): the row sums and the softmax are formed by other loops in other orders,
+// so the tolerance is again the re-association bound (1e-5 relative, 1e-6 absolute).
+TEST(VocabParallel, LinearCrossEntropyTensorOpsMatchHostLoops) {
+  const CommPtr tp = tp_group();
+  const int64_t V = 1000, d = 16, n = 37;
+  const int64_t vpad = padded_vocab_size(V, tp->size());
+  const VocabRange r = vocab_range(vpad, tp->rank(), tp->size());
+  Tensor w_full = full_randn({V, d}, 21, 0.2);
+  Tensor h_full = full_randn({n, d}, 22);
+  Tensor targets = make_targets(n, V, 23, 4);
+  Tensor w_shard = shard_vocab_rows(w_full, vpad, tp->rank(), tp->size());
+  Tensor h1 = leaf(h_full), w1 = leaf(w_shard), h2 = leaf(h_full), w2 = leaf(w_shard);
+  Tensor loops = vocab_parallel_linear_cross_entropy(h1, w1, targets, tp, r.start, V, -100,
+                                                     5 * r.size(), /*tensor_ops=*/false);
+  Tensor ops = vocab_parallel_linear_cross_entropy(h2, w2, targets, tp, r.start, V, -100,
+                                                   5 * r.size(), /*tensor_ops=*/true);
+  loops.backward();
+  ops.backward();
+  EXPECT_NEAR(ops.item<float>(), loops.item<float>(), 1e-5 * std::abs(loops.item<float>()));
+  expect_near_all(h2.grad(), h1.grad(), 1e-6, "d h (tensor ops)");
+  expect_near_all(w2.grad(), w1.grad(), 1e-6, "d w_shard (tensor ops)");
+  // Without a gradient (evaluation) the path gives the same loss.
+  autograd::NoGradGuard no_grad;
+  Tensor eval = vocab_parallel_linear_cross_entropy(h_full, w_shard, targets, tp, r.start, V, -100,
+                                                    5 * r.size(), /*tensor_ops=*/true);
+  EXPECT_NEAR(eval.item<float>(), loops.item<float>(), 1e-5 * std::abs(loops.item<float>()));
 }
 
 }  // namespace

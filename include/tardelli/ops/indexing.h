@@ -12,7 +12,8 @@ Tensor tril(const Tensor& x, int64_t k = 0);
 Tensor triu(const Tensor& x, int64_t k = 0);
 // Rows of x along `dim` picked by a 1-D int index; backward is a deterministic index_add.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-// out = zeros(shape of x along dim = size); out.index_add_(dim, index, src).
+// x with src's slices added at `index` along dim (torch's x.index_add(dim, index, src)): a new
+// tensor, x unchanged; repeated indices accumulate.
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 
 }  // namespace td

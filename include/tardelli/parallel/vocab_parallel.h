@@ -68,10 +68,15 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
 // happen in the forward) and keeps only those for backward. d h is this rank's partial sum over its
 // vocabulary columns: wrap h in copy_to_region (or gather_from_sequence) so that backward
 // completes it over tp. Returns an fp32 scalar, identical on every rank (all rows ignored: NaN).
+// On the CPU each chunk's softmax runs in host loops and its gradient is formed in place over the
+// logits; on a GPU (Note [Vocab-parallel head on a device]) the same steps run as tensor ops on
+// the device, the rows' max, sum and target logit crossing to the host for the reductions over
+// tp. `tensor_ops` (testing aid): take the device path on CPU tensors.
 Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shard,
                                            const Tensor& targets, const CommPtr& tp,
                                            int64_t vocab_start, int64_t true_vocab_size,
                                            int64_t ignore_index = -100,
-                                           int64_t chunk_elems = int64_t{1} << 22);
+                                           int64_t chunk_elems = int64_t{1} << 22,
+                                           bool tensor_ops = false);
 
 }  // namespace td::parallel
