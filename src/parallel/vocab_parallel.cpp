@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -119,6 +118,44 @@ struct VpCeSaved {
   int64_t count = 0;  // rows not ignored
 };
 
+// Each row's target as a local column of this shard (-1 when on another rank), whether it is
+// ignored, and the rows that count; a target outside the vocabulary is a td::Error.
+struct VpTargets {
+  std::vector<int64_t> column;
+  std::vector<uint8_t> ignored;
+  int64_t count = 0;
+};
+
+VpTargets vp_targets(const char* op, const Tensor& targets, int64_t vocab_start, int64_t columns,
+                     int64_t true_vocab_size, int64_t ignore_index) {
+  const std::vector<int64_t> t = to_vector<int64_t>(targets);
+  const int64_t n = static_cast<int64_t>(t.size());
+  VpTargets out;
+  out.column.assign(n, -1);
+  out.ignored.assign(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] == ignore_index) {
+      out.ignored[i] = 1;
+      continue;
+    }
+    TD_CHECK(t[i] >= 0 && t[i] < true_vocab_size, op, ": target ", t[i], " at position ", i,
+             " is out of range for the vocabulary size ", true_vocab_size);
+    ++out.count;
+    if (t[i] >= vocab_start && t[i] < vocab_start + columns) out.column[i] = t[i] - vocab_start;
+  }
+  return out;
+}
+
+// Each row's loss from the reduced [N, 2] (sum of exp(x - max), target logit - max):
+// log(sum) - target, 0 for ignored rows.
+std::vector<float> vp_row_losses(const Tensor& st, const std::vector<uint8_t>& ignored) {
+  const float* sp = st.data_ptr<float>();
+  std::vector<float> loss(ignored.size(), 0.0f);
+  for (size_t i = 0; i < loss.size(); ++i)
+    if (!ignored[i]) loss[i] = std::log(sp[2 * i]) - sp[2 * i + 1];
+  return loss;
+}
+
 Tensor vp_ce_backward(const Tensor& grad, const VpCeSaved& s, Reduction reduction, DType dtype,
                       const Shape& shape) {
   const int64_t N = s.logits.size(0), Vs = s.logits.size(1);
@@ -165,19 +202,10 @@ VpCeSaved vp_ce_forward(const char* op, const Tensor& logits, const Tensor& targ
   const int64_t N = logits.size(0), Vs = logits.size(1);
   s.logits = logits;
   s.valid = std::clamp<int64_t>(true_vocab_size - vocab_start, 0, Vs);
-  std::vector<int64_t> t = to_vector<int64_t>(targets);
-  s.target.assign(N, -1);
-  s.ignored.assign(N, 0);
-  for (int64_t i = 0; i < N; ++i) {
-    if (t[i] == ignore_index) {
-      s.ignored[i] = 1;
-      continue;
-    }
-    TD_CHECK(t[i] >= 0 && t[i] < true_vocab_size, op, ": target ", t[i], " at position ", i,
-             " is out of range for the vocabulary size ", true_vocab_size);
-    ++s.count;
-    if (t[i] >= vocab_start && t[i] < vocab_start + Vs) s.target[i] = t[i] - vocab_start;
-  }
+  VpTargets t = vp_targets(op, targets, vocab_start, Vs, true_vocab_size, ignore_index);
+  s.target = std::move(t.column);
+  s.ignored = std::move(t.ignored);
+  s.count = t.count;
   // Note [Three reductions]: the row max must be global before exp (else the partial sums
   // would be scaled differently on each rank); the sum of exp and the target logit then travel
   // in one [N, 2] all-reduce. Ranks with no valid columns contribute -inf and 0.
@@ -206,10 +234,7 @@ VpCeSaved vp_ce_forward(const char* op, const Tensor& logits, const Tensor& targ
   });
   tp->all_reduce(st, dist::ReduceOp::Sum);
   s.sum = st.select(1, 0).contiguous();
-  loss.assign(N, 0.0f);
-  for (int64_t i = 0; i < N; ++i)
-    if (!s.ignored[i]) loss[i] = std::log(sp[2 * i]) - sp[2 * i + 1];
-
+  loss = vp_row_losses(st, s.ignored);
   return s;
 }
 
@@ -300,28 +325,20 @@ namespace {
 // logits l [k, Vs] fp32 on any device: the rows' max over the valid columns, the sum of
 // exp(l - max) and the target logits are formed there, copied to the host ([k] each) and
 // reduced over tp exactly as vp_ce_forward does (the same host tensors, the same order), so
-// the loss is computed on the host alike; with `grad` the chunk's logit gradient
-// (softmax - onehot, zero on padded columns and ignored rows) is returned as a new device
-// tensor. Returns (the chunk's summed loss as the Sum reduction's fp32, the gradient).
-std::pair<float, Tensor> vp_ce_chunk_tensor_ops(const char* op, const Tensor& l,
-                                                const Tensor& targets, const CommPtr& tp,
-                                                int64_t vocab_start, int64_t true_vocab_size,
-                                                int64_t ignore_index, bool grad) {
+// each row's loss (into `loss`) is computed on the host alike. With `grad` returns the chunk's
+// logit gradient (softmax - onehot, zero on padded columns and ignored rows) as a new tensor on
+// l's device; else an undefined tensor.
+Tensor vp_ce_chunk_tensor_ops(const char* op, const Tensor& l, const Tensor& targets,
+                              const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
+                              int64_t ignore_index, bool grad, std::vector<float>& loss) {
   const int64_t k = l.size(0), Vs = l.size(1);
   const int64_t valid = std::clamp<int64_t>(true_vocab_size - vocab_start, 0, Vs);
-  const std::vector<int64_t> t = to_vector<int64_t>(targets);
+  const VpTargets t = vp_targets(op, targets, vocab_start, Vs, true_vocab_size, ignore_index);
   std::vector<int64_t> local_rows, local_flat;  // rows whose target is on this rank
-  std::vector<uint8_t> ignored(k, 0);
   for (int64_t i = 0; i < k; ++i) {
-    if (t[i] == ignore_index) {
-      ignored[i] = 1;
-      continue;
-    }
-    TD_CHECK(t[i] >= 0 && t[i] < true_vocab_size, op, ": target ", t[i], " at position ", i,
-             " is out of range for the vocabulary size ", true_vocab_size);
-    if (t[i] >= vocab_start && t[i] < vocab_start + Vs) {
+    if (t.column[i] >= 0) {
       local_rows.push_back(i);
-      local_flat.push_back(i * Vs + (t[i] - vocab_start));
+      local_flat.push_back(i * Vs + t.column[i]);
     }
   }
   const Device dev = l.device();
@@ -332,8 +349,7 @@ std::pair<float, Tensor> vp_ce_chunk_tensor_ops(const char* op, const Tensor& l,
   Tensor mx = mx_dev.to(kCPU).contiguous();  // Note [Three reductions]
   tp->all_reduce(mx, dist::ReduceOp::Max);
   mx_dev = mx.to(dev);
-  const Tensor shifted = valid > 0 ? sub(lv, mx_dev.unsqueeze(1)) : Tensor();
-  const Tensor e = valid > 0 ? exp(shifted) : Tensor();
+  const Tensor e = valid > 0 ? exp(sub(lv, mx_dev.unsqueeze(1))) : Tensor();
   const std::vector<float> sums =
       valid > 0 ? to_vector<float>(sum(e, {1}).to(kCPU)) : std::vector<float>(k, 0.0f);
   std::vector<float> tl;
@@ -350,17 +366,14 @@ std::pair<float, Tensor> vp_ce_chunk_tensor_ops(const char* op, const Tensor& l,
     sp[2 * i + 1] = tl[j] - mxv[i];
   }
   tp->all_reduce(st, dist::ReduceOp::Sum);
-  double total = 0.0;  // the Sum reduction's order
-  for (int64_t i = 0; i < k; ++i) {
-    if (!ignored[i]) total += static_cast<float>(std::log(sp[2 * i]) - sp[2 * i + 1]);
-  }
-  if (!grad) return {static_cast<float>(total), Tensor()};
+  loss = vp_row_losses(st, t.ignored);
+  if (!grad) return Tensor();
   Tensor sum_dev = st.select(1, 0).contiguous().to(dev);
   Tensor dl = zeros({k, Vs}, {DType::Float32, dev});
   if (valid > 0) dl.narrow(1, 0, valid).copy_(div(e, sum_dev.unsqueeze(1)));
-  if (std::any_of(ignored.begin(), ignored.end(), [](uint8_t b) { return b != 0; })) {
+  if (t.count < k) {  // ignored rows: no gradient
     std::vector<float> keep(k);
-    for (int64_t i = 0; i < k; ++i) keep[i] = ignored[i] ? 0.0f : 1.0f;
+    for (int64_t i = 0; i < k; ++i) keep[i] = t.ignored[i] ? 0.0f : 1.0f;
     dl = mul(dl, from_vector<float>(keep, {k, 1}).to(dev));
   }
   if (!local_flat.empty()) {
@@ -370,7 +383,7 @@ std::pair<float, Tensor> vp_ce_chunk_tensor_ops(const char* op, const Tensor& l,
     dl = index_add(dl.reshape({k * Vs}), 0, idx, full({n}, -1.0, {DType::Float32, dev}))
              .reshape({k, Vs});
   }
-  return {static_cast<float>(total), dl};
+  return dl;
 }
 
 }  // namespace
@@ -415,28 +428,26 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
     const int64_t k = std::min(rows, n - r0);
     Tensor hc = hd.narrow(0, r0, k), tc = tg.narrow(0, r0, k);
     autograd::NoGradGuard ng;
+    const Tensor l = logits_fp32(hc, wd).contiguous();
+    std::vector<float> loss;
     Tensor dl;
     if (device_ops) {
-      float chunk_loss = 0.0f;
-      std::tie(chunk_loss, dl) =
-          vp_ce_chunk_tensor_ops(op, logits_fp32(hc, wd).contiguous(), tc, tp, vocab_start,
-                                 true_vocab_size, ignore_index, grad);
-      total += chunk_loss;
-      if (!grad) continue;
+      dl = vp_ce_chunk_tensor_ops(op, l, tc, tp, vocab_start, true_vocab_size, ignore_index, grad,
+                                  loss);
     } else {
       // Note [In-place vocab-parallel gradient]: the chunk's logits become their own gradient
       // (softmax - onehot, the values the op's backward gives for a gradient of 1), so a chunk
       // holds one [k, V/tp] fp32 buffer, as the single-rank head does.
-      std::vector<float> loss;
-      VpCeSaved st = vp_ce_forward(op, logits_fp32(hc, wd).contiguous(), tc, tp, vocab_start,
-                                   true_vocab_size, ignore_index, loss);
-      double chunk = 0.0;  // the Sum reduction's order and its fp32 result
-      for (float v : loss) chunk += v;
-      total += static_cast<float>(chunk);
-      if (!grad) continue;
-      vp_ce_grad_in_place(st);
-      dl = st.logits;
+      VpCeSaved st = vp_ce_forward(op, l, tc, tp, vocab_start, true_vocab_size, ignore_index, loss);
+      if (grad) {
+        vp_ce_grad_in_place(st);
+        dl = st.logits;
+      }
     }
+    double chunk = 0.0;  // the Sum reduction's order and its fp32 result
+    for (float v : loss) chunk += v;
+    total += static_cast<float>(chunk);
+    if (!grad) continue;
     if (need_h) {
       Tensor d = dl.dtype() == hd.dtype() ? dl : to_dtype(dl, hd.dtype());
       gh.narrow(0, r0, k).copy_(mm(d, wd));
