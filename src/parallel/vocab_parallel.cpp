@@ -421,8 +421,8 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   // over tp and those of its gradient all run in the forward, in the same order on every rank.
   const bool grad = autograd::needs_grad({h, w_shard});
   const bool need_h = grad && h.requires_grad(), need_w = grad && w_shard.requires_grad();
-  Tensor gh = need_h ? zeros(hd.sizes(), {hd.dtype()}) : Tensor();
-  Tensor gw = need_w ? zeros(wd.sizes(), {DType::Float32}) : Tensor();
+  Tensor gh = need_h ? zeros(hd.sizes(), {hd.dtype(), hd.device()}) : Tensor();
+  Tensor gw = need_w ? zeros(wd.sizes(), {DType::Float32, wd.device()}) : Tensor();
   double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += rows) {
     const int64_t k = std::min(rows, n - r0);
@@ -457,9 +457,9 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
       add_(gw, mm(transpose(dl, 0, 1), hf));
     }
   }
-  Tensor out = Tensor::empty({}, DType::Float32);
-  *out.data_ptr<float>() = valid > 0 ? static_cast<float>(total / static_cast<double>(valid))
-                                     : std::numeric_limits<float>::quiet_NaN();
+  Tensor out = scalar_tensor(valid > 0 ? static_cast<float>(total / static_cast<double>(valid))
+                                       : std::numeric_limits<float>::quiet_NaN(),
+                             DType::Float32, h.device());
   if (grad) {
     autograd::record(
         "VocabParallelLinearCrossEntropyBackward", {h, w_shard}, {&out},
