@@ -2,6 +2,7 @@
 // one set-up, one agreement per step, the rng files' chunk state.
 #include "tardelli/train/train_precision.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,6 +25,15 @@ int64_t code_of(LinearPrecision p) {
 
 const char* code_name(int64_t c) {
   return models::precision_name(static_cast<LinearPrecision>(c));
+}
+
+// {"fp8": n, "bf16": n, "fp32": n}: how many of `codes` run in each precision.
+json::Value counts_json(const std::vector<int64_t>& codes) {
+  json::Value out = json::Object{};
+  for (int64_t c : {1, 2, 3}) {
+    out.set(code_name(c), static_cast<int64_t>(std::count(codes.begin(), codes.end(), c)));
+  }
+  return out;
 }
 
 json::Value fp8_state_json(models::GPT& g) {
@@ -121,12 +131,7 @@ std::optional<json::Value> BlockPrecision::step() {
   if (!report_) return std::nullopt;
   const std::vector<int64_t> codes = global_codes();
   const std::vector<std::string> names = models::block_linear_names(0, n_layer_);
-  json::Value rec = json::Object{};
-  for (int64_t c : {1, 2, 3}) {
-    int64_t n = 0;
-    for (int64_t x : codes) n += x == c ? 1 : 0;
-    rec.set(code_name(c), n);
-  }
+  json::Value rec = counts_json(codes);
   json::Array changes;
   for (size_t i = 0; i < codes.size(); ++i) {
     if ((*codes_)[i] != codes[i]) {
@@ -139,15 +144,7 @@ std::optional<json::Value> BlockPrecision::step() {
 }
 
 json::Value BlockPrecision::summary_counts() const {
-  json::Value out = json::Object{};
-  for (int64_t c : {1, 2, 3}) {
-    int64_t n = 0;
-    if (codes_) {
-      for (int64_t x : *codes_) n += x == c ? 1 : 0;
-    }
-    out.set(code_name(c), n);
-  }
-  return out;
+  return counts_json(codes_ ? *codes_ : std::vector<int64_t>{});
 }
 
 bool BlockPrecision::replicated(const dist::CommPtr& world) const {
