@@ -9,8 +9,8 @@ every global tensor (shape, dtype). convert loads SRC (a step directory, or a sa
 latest) into the layout given by the flags (the run's own flags otherwise; the number of ranks
 sets the data-parallel size) and saves it under DST as a step directory of the same step, with
 DST/latest: the offline form of what `--resume` does at another layout (Note [Layout-free
-checkpoints] in include/tardelli/train/train_state.h), e.g. to hand a checkpoint to a job of another shape or to
-check a round trip. The tensors are copied, never recomputed, so converting A -> B -> A gives
+checkpoints] in include/tardelli/train/train_state.h), e.g. to hand a checkpoint to a job of
+another shape or to check a round trip. The tensors are copied, never recomputed, so converting A -> B -> A gives
 A's tensors bit for bit.
 """
 import argparse
@@ -22,7 +22,6 @@ import sys
 import tardelli as td
 
 from . import config as C
-from .. import _C
 
 # The flags convert accepts: the layout (everything else comes from the checkpoint's run).
 _LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "zero", "pipeline_layout", "sequence_parallel",
@@ -99,11 +98,8 @@ def convert(src, dst, overrides, world=None, out=print):
     tok = reader.path() if reader.has_file("vocab.json") else ""
     job = trainer.build(cfg, world, checkpoint_vocab=meta["config"]["vocab_size"],
                         tokenizer_dir=tok)
-    try:
-        job.load_checkpoint(step_dir)
-        path = job.save(dst)
-    except _C.train.ConfigError as e:
-        raise C.ConfigError(str(e)) from None
+    job.load_checkpoint(step_dir)
+    path = job.save(dst)
     if job.is_main:
         out(f"convert: {reader.path()} -> {path} (tp {cfg.tp}, pp {cfg.pp}, dp {job.dp_size}, "
             f"zero {cfg.zero}, ep {cfg.ep})")

@@ -13,9 +13,11 @@ import os
 import tomllib
 from dataclasses import field, fields
 
+from .. import _C
 
-class ConfigError(ValueError):
-    """A bad configuration value; the CLI prints it and exits with status 2."""
+# A bad configuration value; the CLI prints it and exits with status 2. The training loop's own
+# exception type (a ValueError), so its checks and these raise the same error.
+ConfigError = _C.train.ConfigError
 
 
 def _make_config_class():
@@ -23,7 +25,6 @@ def _make_config_class():
     src/train/train_config.cpp: name, type, default, help, choices), so the Python front end
     and the C++ loop cannot disagree on a field."""
     import json
-    from .. import _C
     types = {"int": int, "float": float, "str": str, "bool": bool}
     spec = json.loads(_C.train.fields_json())
     cls_fields = [(f["name"], types[f["type"]],
@@ -50,7 +51,6 @@ _CHOICES = {f.name: f.metadata["choices"] for f in fields(TrainConfig) if f.meta
 
 def _coerce(name, value, source):
     want = _FIELDS[name].type
-    want = {"int": int, "float": float, "str": str, "bool": bool}.get(want, want)
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if want is int and isinstance(value, float) and value.is_integer():
@@ -95,11 +95,10 @@ def build_parser(prog="python -m tardelli.train", extra=None):
         flag = "--" + f.name.replace("_", "-")
         # argparse formats help with %: a literal one is doubled.
         kw = dict(dest=f.name, default=None, help=f.metadata.get("help", "").replace("%", "%%"))
-        if f.type == "bool" or f.type is bool:
+        if f.type is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
-            typ = {"int": int, "float": float, "str": str}.get(f.type, f.type)
-            p.add_argument(flag, type=typ, choices=_CHOICES.get(f.name), metavar=None
+            p.add_argument(flag, type=f.type, choices=_CHOICES.get(f.name), metavar=None
                            if f.name in _CHOICES else f.name.upper(), **kw)
     if extra:
         extra(p)
@@ -148,11 +147,7 @@ def validate(cfg, dp_size=1):
     """Checks one configuration; raises ConfigError naming the offending key(s). The rules are
     the training loop's own (td::train::validate, src/train/config_validate.cpp): one set for
     both front ends and the planner. Reads --data's files and --precision-map."""
-    from .. import _C
-    try:
-        _C.train.validate(cfg.to_dict(), dp_size)
-    except _C.train.ConfigError as e:
-        raise ConfigError(str(e)) from None
+    _C.train.validate(cfg.to_dict(), dp_size)
 
 
 def accumulation_steps(cfg, dp_size=1):

@@ -14,7 +14,6 @@ import os
 import tardelli as td
 
 from .. import _C
-from . import config as C
 from . import report
 
 
@@ -60,16 +59,13 @@ def _config_dict(cfg):
 
 def build(cfg, world=None, checkpoint_vocab=None, tokenizer_dir=""):
     """The C++ Trainer of `cfg` on the ranks of `world` (None: one process, or a world of one
-    joined here when a parallel feature needs communicators). C++ configuration errors come
-    back as ConfigError. `checkpoint_vocab`: build only to hold a checkpoint (no data read;
-    td::train::CheckpointOnly)."""
+    joined here when a parallel feature needs communicators); a bad configuration raises
+    config.ConfigError (the loop's own type). `checkpoint_vocab`: build only to hold a
+    checkpoint (no data read; td::train::CheckpointOnly)."""
     if world is None and (cfg.zero or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1 or cfg.ep > 1):
         from .. import distributed as dist
         world = dist.world() if dist.is_initialized() else dist.init()  # a world of one
-    try:
-        return _C.train.Trainer(_config_dict(cfg), world, checkpoint_vocab, tokenizer_dir)
-    except _C.train.ConfigError as e:
-        raise C.ConfigError(str(e)) from None
+    return _C.train.Trainer(_config_dict(cfg), world, checkpoint_vocab, tokenizer_dir)
 
 
 def _draw_timeline(cfg, trainer, summary):
@@ -95,8 +91,6 @@ def train(cfg, world=None, out=print):
 
     try:
         summary = json.loads(trainer.run(log, lambda step, loss: progress.update(loss)))
-    except _C.train.ConfigError as e:
-        raise C.ConfigError(str(e)) from None
     finally:
         progress.close()
     if main and cfg.trace and "trace" in summary:
