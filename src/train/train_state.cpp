@@ -554,25 +554,24 @@ void check_compatible(const TrainState& s, const json::Value& meta, const std::s
 void load_tensors(const TrainState& s, const ck::PieceIndex& index, int64_t step) {
   const auto places = places_of(s);
   autograd::NoGradGuard no_grad;
-  if (s.fsdp != nullptr) {
-    // ZeRO-3: the model's own tensors hold no values between uses; the shards take them.
-    std::map<std::string, Tensor> full;
-    for (const auto& ch : s.chunks) {
-      for (const auto& [n, p] : ch->named_parameters()) full[n] = places.at(n).read(index, n);
-    }
-    s.fsdp->load_full_parameters(full);
-  }
+  // ZeRO-3: the model's own tensors hold no values between uses; the shards take them.
+  std::map<std::string, Tensor> sharded;
   for (const auto& ch : s.chunks) {
     for (auto& [n, p] : ch->named_parameters()) {
-      if (s.fsdp != nullptr) break;
-      Tensor dst = p;
-      dst.copy_(places.at(n).read(index, n));
+      Tensor value = places.at(n).read(index, n);
+      if (s.fsdp != nullptr) {
+        sharded[n] = std::move(value);
+      } else {
+        Tensor dst = p;
+        dst.copy_(value);
+      }
     }
     for (auto& [n, b] : ch->named_buffers()) {
       Tensor dst = b;
       dst.copy_(index.read_full(n));
     }
   }
+  if (s.fsdp != nullptr) s.fsdp->load_full_parameters(sharded);
   if (s.zero != nullptr) {
     for (auto* opt : {s.zero, s.expert_zero}) {
       if (opt == nullptr) continue;
