@@ -247,21 +247,41 @@ namespace {
 // a last chunk of 2), with ignored tokens and a padded vocabulary. The chunked path sums the same
 // fp32 per-token losses in another grouping, so the tolerance is the re-association bound of
 // the file header (1e-5 relative on the loss, 1e-6 absolute on gradients of magnitude <= 1).
+// The fused head's inputs on this rank: h [37, 16] (the same on every rank), this rank's shard of
+// a [1000, 16] table padded over tp, targets with ignored tokens; drawn from seed, seed + 1 and
+// seed + 2. Chunks of 5 rows (`chunk`) leave a last chunk of 2.
+struct HeadCase {
+  static constexpr int64_t V = 1000, d = 16, n = 37;
+  Tensor h_full, w_shard, targets;
+  VocabRange r;
+  int64_t chunk = 0;
+};
+
+HeadCase head_case(const CommPtr& tp, uint64_t seed) {
+  HeadCase c;
+  const int64_t vpad = padded_vocab_size(HeadCase::V, tp->size());
+  c.r = vocab_range(vpad, tp->rank(), tp->size());
+  c.w_shard = shard_vocab_rows(full_randn({HeadCase::V, HeadCase::d}, seed, 0.2), vpad, tp->rank(),
+                               tp->size());
+  c.h_full = full_randn({HeadCase::n, HeadCase::d}, seed + 1);
+  c.targets = make_targets(HeadCase::n, HeadCase::V, seed + 2, 4);
+  c.chunk = 5 * c.r.size();
+  return c;
+}
+
 TEST(VocabParallel, LinearCrossEntropyChunkedMatchesUnfused) {
   const CommPtr tp = tp_group();
-  const int64_t V = 1000, d = 16, n = 37;
-  const int64_t vpad = padded_vocab_size(V, tp->size());
-  const VocabRange r = vocab_range(vpad, tp->rank(), tp->size());
-  Tensor w_full = full_randn({V, d}, 11, 0.2);
-  Tensor h_full = full_randn({n, d}, 12);
-  Tensor targets = make_targets(n, V, 13, 4);
-  Tensor w1 = leaf(shard_vocab_rows(w_full, vpad, tp->rank(), tp->size()));
+  const HeadCase c = head_case(tp, 11);
+  const int64_t V = HeadCase::V;
+  const VocabRange r = c.r;
+  const Tensor h_full = c.h_full, targets = c.targets;
+  Tensor w1 = leaf(c.w_shard);
   Tensor h1 = leaf(h_full);
   Tensor want = vocab_parallel_cross_entropy(linear(h1, w1), targets, tp, r.start, V);
   want.backward();
   Tensor w2 = leaf(w1), h2 = leaf(h_full);
   Tensor got = vocab_parallel_linear_cross_entropy(h2, w2, targets, tp, r.start, V, -100,
-                                                   /*chunk_elems=*/5 * r.size());
+                                                   /*chunk_elems=*/c.chunk);
   got.backward();
   EXPECT_NEAR(got.item<float>(), want.item<float>(), 1e-5 * std::abs(want.item<float>()));
   expect_near_all(h2.grad(), h1.grad(), 1e-6, "d h (this rank's partial sum)");
@@ -285,18 +305,13 @@ TEST(VocabParallel, LinearCrossEntropyChunkedMatchesUnfused) {
 // so the tolerance is again the re-association bound (1e-5 relative, 1e-6 absolute).
 TEST(VocabParallel, LinearCrossEntropyTensorOpsMatchHostLoops) {
   const CommPtr tp = tp_group();
-  const int64_t V = 1000, d = 16, n = 37;
-  const int64_t vpad = padded_vocab_size(V, tp->size());
-  const VocabRange r = vocab_range(vpad, tp->rank(), tp->size());
-  Tensor w_full = full_randn({V, d}, 21, 0.2);
-  Tensor h_full = full_randn({n, d}, 22);
-  Tensor targets = make_targets(n, V, 23, 4);
-  Tensor w_shard = shard_vocab_rows(w_full, vpad, tp->rank(), tp->size());
-  Tensor h1 = leaf(h_full), w1 = leaf(w_shard), h2 = leaf(h_full), w2 = leaf(w_shard);
-  Tensor loops = vocab_parallel_linear_cross_entropy(h1, w1, targets, tp, r.start, V, -100,
-                                                     5 * r.size(), /*tensor_ops=*/false);
-  Tensor ops = vocab_parallel_linear_cross_entropy(h2, w2, targets, tp, r.start, V, -100,
-                                                   5 * r.size(), /*tensor_ops=*/true);
+  const HeadCase c = head_case(tp, 21);
+  const int64_t V = HeadCase::V;
+  Tensor h1 = leaf(c.h_full), w1 = leaf(c.w_shard), h2 = leaf(c.h_full), w2 = leaf(c.w_shard);
+  Tensor loops = vocab_parallel_linear_cross_entropy(h1, w1, c.targets, tp, c.r.start, V, -100,
+                                                     c.chunk, /*tensor_ops=*/false);
+  Tensor ops = vocab_parallel_linear_cross_entropy(h2, w2, c.targets, tp, c.r.start, V, -100,
+                                                   c.chunk, /*tensor_ops=*/true);
   loops.backward();
   ops.backward();
   EXPECT_NEAR(ops.item<float>(), loops.item<float>(), 1e-5 * std::abs(loops.item<float>()));
@@ -304,8 +319,8 @@ TEST(VocabParallel, LinearCrossEntropyTensorOpsMatchHostLoops) {
   expect_near_all(w2.grad(), w1.grad(), 1e-6, "d w_shard (tensor ops)");
   // Without a gradient (evaluation) the path gives the same loss.
   autograd::NoGradGuard no_grad;
-  Tensor eval = vocab_parallel_linear_cross_entropy(h_full, w_shard, targets, tp, r.start, V, -100,
-                                                    5 * r.size(), /*tensor_ops=*/true);
+  Tensor eval = vocab_parallel_linear_cross_entropy(c.h_full, c.w_shard, c.targets, tp, c.r.start,
+                                                    V, -100, c.chunk, /*tensor_ops=*/true);
   EXPECT_NEAR(eval.item<float>(), loops.item<float>(), 1e-5 * std::abs(loops.item<float>()));
 }
 
