@@ -137,6 +137,35 @@ std::map<AlgoKey, cublasLtMatmulAlgo_t>& algo_cache() {
   return cache;
 }
 
+// The cached algorithm for `key`, or query()'s answer, then cached.
+template <typename Query>
+cublasLtMatmulAlgo_t cached_algo(const AlgoKey& key, Query&& query) {
+  {
+    std::lock_guard<std::mutex> lock(g_algo_mu);
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) return it->second;
+  }
+  const cublasLtMatmulAlgo_t algo = query();
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  if (algo_cache().size() >= kMaxCachedAlgos) algo_cache().clear();
+  algo_cache().emplace(key, algo);
+  return algo;
+}
+
+// The preference every query uses: at most `workspace` bytes of scratch, and the alignments of
+// the call's pointers (cuBLASLt's A, B, C and D).
+Preference make_preference(size_t workspace, const void* a, const void* b, const void* c) {
+  cublasLtMatmulPreference_t pref_raw = nullptr;
+  TD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
+  Preference pref(pref_raw);
+  set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace));
+  set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(a));
+  set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(b));
+  set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c));
+  set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c));
+  return pref;
+}
+
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float kSqrt2OverPi = 0.7978845608028654f;
   return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
@@ -302,49 +331,149 @@ void gemm(const GemmArgs& g) {
                     g.gelu_aux != nullptr ? alignment_of(g.gelu_aux) : 0,
                     static_cast<int64_t>(g.workspace_bytes)};
 
-  cublasLtMatmulAlgo_t algo{};
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(g_algo_mu);
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) {
-      algo = it->second;
-      cached = true;
-    }
-  }
-  if (!cached) {
-    cublasLtMatmulPreference_t pref_raw = nullptr;
-    TD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
-    Preference pref(pref_raw);
-    set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-             static_cast<uint64_t>(g.workspace_bytes));
+  const cublasLtMatmulAlgo_t algo = cached_algo(key, [&] {
     // Our A is cuBLASLt's B and vice versa.
-    set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b));
-    set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a));
-    set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.c));
-    set_attr(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.c));
+    Preference pref = make_preference(g.workspace_bytes, g.b, g.a, g.c);
     if (g.dtype != GemmType::kFloat32) {
       // fp32 accumulation throughout: no split-k partial sums rounded to bf16/fp16.
-      set_attr(pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+      set_attr(pref.get(), CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
     }
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        handle, desc_raw, la.get(), lb.get(), lc.get(), lc.get(), pref_raw, 1, &result, &returned);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle, desc_raw, la.get(), lb.get(), lc.get(), lc.get(),
+                                       pref.get(), 1, &result, &returned);
     TD_CHECK(st == CUBLAS_STATUS_SUCCESS && returned > 0,
              "gemm: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k,
              " batch=", g.batch, " dtype=", type_name(g.dtype), tf32 ? " (tf32)" : "",
              " trans_a=", g.trans_a, " trans_b=", g.trans_b, " lda=", g.lda, " ldb=", g.ldb,
              " ldc=", g.ldc, " epilogue=", epilogue_name(epilogue),
              " (heuristic status: ", cublasGetStatusName(st), ")");
-    algo = result.algo;
-    std::lock_guard<std::mutex> lock(g_algo_mu);
-    if (algo_cache().size() >= kMaxCachedAlgos) algo_cache().clear();
-    algo_cache().emplace(key, algo);
-  }
+    return result.algo;
+  });
 
   const float alpha = g.alpha, beta = g.beta;
+  TD_CUBLAS_CHECK(cublasLtMatmul(handle, desc_raw, &alpha, g.b, la.get(), g.a, lb.get(), &beta, g.c,
+                                 lc.get(), g.c, lc.get(), &algo, g.workspace, g.workspace_bytes,
+                                 g.stream));
+}
+
+namespace {
+
+cudaDataType_t fp8_data_type(Fp8Type t) {
+  return t == Fp8Type::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+const char* fp8_type_name(Fp8Type t) {
+  return t == Fp8Type::kE4M3 ? "e4m3" : "e5m2";
+}
+
+void check_fp8_args(const Fp8GemmArgs& g) {
+  TD_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "gemm_fp8: bad sizes m=", g.m, " n=", g.n, " k=", g.k);
+  TD_CHECK(g.a_type == Fp8Type::kE4M3 || g.b_type == Fp8Type::kE4M3,
+           "gemm_fp8: cuBLASLt has no e5m2 x e5m2 kernel (one operand must be e4m3)");
+  TD_CHECK(g.lda >= std::max<int64_t>(g.k, 1) && g.lda % 16 == 0 &&
+               g.ldb >= std::max<int64_t>(g.k, 1) && g.ldb % 16 == 0,
+           "gemm_fp8: the row strides of A (", g.lda, ") and B (", g.ldb,
+           ") must be multiples of 16 and >= k=", g.k, " (Note [FP8 GEMM on cuBLASLt])");
+  TD_CHECK(g.ldc >= std::max<int64_t>(g.n, 1) &&
+               (g.ldc * static_cast<int64_t>(element_bytes(g.c_type))) % 16 == 0,
+           "gemm_fp8: the output row stride ", g.ldc, " must be >= n=", g.n,
+           " and a multiple of 16 bytes");
+  TD_CHECK(g.bias == nullptr || g.c_type != GemmType::kFloat32,
+           "gemm_fp8: a bias epilogue needs a bfloat16 or float16 output");
+  TD_CHECK(g.workspace != nullptr || g.workspace_bytes == 0,
+           "gemm_fp8: workspace_bytes without a workspace pointer");
+}
+
+}  // namespace
+
+bool gemm_fp8_supported_device() {
+  int device = 0, major = 0, minor = 0;
+  TD_CUDA_CHECK(cudaGetDevice(&device));
+  TD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major > 8 || (major == 8 && minor >= 9);
+}
+
+// Note [FP8 GEMM on cuBLASLt].
+void gemm_fp8(const Fp8GemmArgs& g) {
+  check_fp8_args(g);
+  if (g.m == 0 || g.n == 0) return;
+  TD_CHECK(gemm_fp8_supported_device(),
+           "gemm_fp8: this device has no FP8 tensor cores (compute capability 8.9 or newer)");
+  if (g.k == 0) {  // nothing to multiply: C = bias, as gemm() does
+    GemmArgs e;
+    e.dtype = g.c_type;
+    e.m = g.m;
+    e.n = g.n;
+    e.ldc = g.ldc;
+    e.c = g.c;
+    e.bias = g.bias;
+    e.stream = g.stream;
+    return gemm_empty_k(e);
+  }
+
+  int device = 0;
+  TD_CUDA_CHECK(cudaGetDevice(&device));
+  cublasLtHandle_t handle = handle_for(device);
+  const cudaDataType_t c_type = cuda_data_type(g.c_type);
+
+  cublasLtMatmulDesc_t desc_raw = nullptr;
+  TD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MatmulDesc desc(desc_raw);
+  set_attr(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  set_attr(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  set_attr(desc_raw, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(g.fast_accum ? 1 : 0));
+  const cublasLtEpilogue_t epilogue =
+      g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  set_attr(desc_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (g.bias != nullptr) {
+    set_attr(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    set_attr(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, c_type);
+  }
+
+  // cuBLASLt's A is our B (column-major k x n, transposed), its B our A (k x m), its D n x m.
+  MatrixLayout la = make_layout(fp8_data_type(g.b_type), g.k, g.n, g.ldb, 1, 0);
+  MatrixLayout lb = make_layout(fp8_data_type(g.a_type), g.k, g.m, g.lda, 1, 0);
+  MatrixLayout lc = make_layout(c_type, g.n, g.m, g.ldc, 1, 0);
+
+  // Tag 1000 keeps these keys apart from gemm()'s (whose second entry is a GemmType).
+  const AlgoKey key{device,
+                    1000,
+                    static_cast<int64_t>(g.a_type),
+                    static_cast<int64_t>(g.b_type),
+                    static_cast<int64_t>(g.c_type),
+                    g.fast_accum,
+                    g.m,
+                    g.n,
+                    g.k,
+                    g.lda,
+                    g.ldb,
+                    g.ldc,
+                    static_cast<int64_t>(epilogue),
+                    alignment_of(g.a),
+                    alignment_of(g.b),
+                    alignment_of(g.c),
+                    g.bias != nullptr ? alignment_of(g.bias) : 0,
+                    static_cast<int64_t>(g.workspace_bytes)};
+  const cublasLtMatmulAlgo_t algo = cached_algo(key, [&] {
+    Preference pref = make_preference(g.workspace_bytes, g.b, g.a, g.c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle, desc_raw, la.get(), lb.get(), lc.get(), lc.get(),
+                                       pref.get(), 1, &result, &returned);
+    TD_CHECK(st == CUBLAS_STATUS_SUCCESS && returned > 0,
+             "gemm_fp8: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " A ",
+             fp8_type_name(g.a_type), " B ", fp8_type_name(g.b_type), " C ", type_name(g.c_type),
+             " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc, " epilogue=", epilogue_name(epilogue),
+             " (heuristic status: ", cublasGetStatusName(st), ")");
+    return result.algo;
+  });
+
+  const float alpha = g.alpha, beta = 0.f;
   TD_CUBLAS_CHECK(cublasLtMatmul(handle, desc_raw, &alpha, g.b, la.get(), g.a, lb.get(), &beta, g.c,
                                  lc.get(), g.c, lc.get(), &algo, g.workspace, g.workspace_bytes,
                                  g.stream));

@@ -66,6 +66,49 @@ struct GemmArgs {
   cudaStream_t stream = nullptr;
 };
 
+// FP8 GEMM (sm_89 and newer): C = alpha * A B^T (+ bias), with A row-major [m, k] and B
+// row-major [n, k] holding FP8 codes, products accumulated in fp32 and written as C's type.
+//
+// Note [FP8 GEMM on cuBLASLt]: cuBLASLt's FP8 kernels take only the "TN" layout (its A
+// transposed, its B not) and 16-byte aligned leading dimensions. By Note [Row-major GEMM on
+// cuBLASLt] its A is our B: a row-major [n, k] B is a column-major k x n matrix taken
+// transposed, and a row-major [m, k] A is a column-major k x m matrix taken as it is. So A B^T
+// with both operands k-contiguous is exactly that layout; any other product (the backward
+// GEMMs) transposes its FP8 operands first (TransformerEngine keeps such transposed copies too).
+// The operands' per-tensor scales enter as alpha (the product of their dequantization
+// factors): D = alpha (A B^T) + bias, the value an FP8 tensor pair represents, in fp32 before
+// the output is rounded. E5M2 x E5M2 has no kernel. fast_accum lets Hopper's kernels fold the
+// tensor cores' partial sums less often (faster, less accurate: TransformerEngine's forward
+// setting); it stays off unless asked for.
+enum class Fp8Type { kE4M3, kE5M2 };
+
+struct Fp8GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;  // [m, k] codes, row stride lda (a multiple of 16, >= k)
+  int64_t lda = 0;
+  Fp8Type a_type = Fp8Type::kE4M3;
+  const void* b = nullptr;  // [n, k] codes, row stride ldb (a multiple of 16, >= k)
+  int64_t ldb = 0;
+  Fp8Type b_type = Fp8Type::kE4M3;
+  void* c = nullptr;  // [m, n] of c_type, row stride ldc (16-byte rows), written
+  int64_t ldc = 0;
+  GemmType c_type = GemmType::kBFloat16;
+  float alpha = 1.f;
+  const void* bias = nullptr;  // [n] of c_type (bf16 or fp16 only), contiguous
+  bool fast_accum = false;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Whether the current device has FP8 tensor cores (compute capability 8.9 or newer).
+bool gemm_fp8_supported_device();
+
+// Queues the FP8 GEMM on args.stream on the current device. Throws td::Error for invalid
+// arguments (both operands E5M2, misaligned leading dimensions, a bias with an fp32 output, a
+// device without FP8) or naming the problem when cuBLASLt has no algorithm for it.
+void gemm_fp8(const Fp8GemmArgs& args);
+
 // The workspace size that lets cuBLASLt pick its fastest kernels on the current device
 // (32 MiB on sm_90 and newer, 8 MiB before).
 size_t gemm_workspace_bytes();

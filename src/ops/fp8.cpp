@@ -13,26 +13,88 @@
 #include "tardelli/ops/reduction.h"
 #include "tardelli/ops/view.h"
 
+#if TD_WITH_CUDA
+#include "ops/cuda/matmul.h"
+#endif
+
 namespace td {
+
+namespace {
+
+DType float8_dtype(Fp8Format f) {
+  return f == Fp8Format::E4M3FN ? DType::Float8E4M3FN : DType::Float8E5M2;
+}
+
+void check_scale(const char* op, double scale) {
+  TD_CHECK(std::isfinite(scale) && scale > 0, op, ": the scale must be finite and > 0, got ",
+           scale);
+}
+
+}  // namespace
+
+Tensor fp8_quantize(const Tensor& x, Fp8Format format, double scale, bool saturate) {
+  TD_CHECK(x.defined(), "fp8_quantize: undefined tensor");
+  TD_CHECK(is_floating(x.dtype()), "fp8_quantize: expected a floating tensor, got ", describe(x));
+  check_scale("fp8_quantize", scale);
+  autograd::NoGradGuard ng;
+  return to_fp8(mul(x.detach().to(DType::Float32), scale), float8_dtype(format), saturate);
+}
+
+Tensor fp8_dequantize(const Tensor& q, double scale, DType dtype) {
+  TD_CHECK(q.defined() && is_float8(q.dtype()), "fp8_dequantize: expected a float8 tensor, got ",
+           q.defined() ? describe(q) : std::string("an undefined tensor"));
+  TD_CHECK(is_floating(dtype), "fp8_dequantize: expected a floating result dtype, got ",
+           dtype_name(dtype));
+  check_scale("fp8_dequantize", scale);
+  autograd::NoGradGuard ng;
+  return mul(q.to(DType::Float32), 1.0 / scale).to(dtype);
+}
 
 // Note [FP8 emulation].
 Tensor fp8_fake_quantize(const Tensor& x, Fp8Format format, double scale, bool saturate) {
   TD_CHECK(x.defined(), "fp8_fake_quantize: undefined tensor");
   TD_CHECK(is_floating(x.dtype()), "fp8_fake_quantize: expected a floating tensor, got ",
            describe(x));
-  TD_CHECK(std::isfinite(scale) && scale > 0,
-           "fp8_fake_quantize: the scale must be finite and > 0,"
-           " got ",
-           scale);
+  check_scale("fp8_fake_quantize", scale);
+  return fp8_dequantize(fp8_quantize(x, format, scale, saturate), scale);
+}
+
+Tensor fp8_scaled_mm(const Tensor& a, double a_scale, const Tensor& b, double b_scale,
+                     DType out_dtype, const Tensor& bias) {
+  TD_CHECK(a.defined() && b.defined() && is_float8(a.dtype()) && is_float8(b.dtype()),
+           "fp8_scaled_mm: expected float8 operands, got ",
+           a.defined() ? describe(a) : std::string("undefined"), " and ",
+           b.defined() ? describe(b) : std::string("undefined"));
+  TD_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "fp8_scaled_mm: operands ",
+           describe(a), " and ", describe(b), " are not [m, k] and [n, k]");
+  TD_CHECK(a.device() == b.device(), "fp8_scaled_mm: operands on ", a.device(), " and ",
+           b.device());
+  TD_CHECK(is_floating(out_dtype), "fp8_scaled_mm: expected a floating output dtype, got ",
+           dtype_name(out_dtype));
+  TD_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == b.size(0) &&
+                               is_floating(bias.dtype()) && bias.device() == a.device()),
+           "fp8_scaled_mm: bias ", bias.defined() ? describe(bias) : std::string(),
+           " is not a floating [", b.size(0), "] vector on ", a.device());
+  check_scale("fp8_scaled_mm", a_scale);
+  check_scale("fp8_scaled_mm", b_scale);
   autograd::NoGradGuard ng;
-  std::vector<float> v = to_vector<float>(x);
-  const float s = static_cast<float>(scale), inv = static_cast<float>(1.0 / scale);
-  for (float& a : v) a *= s;
-  std::vector<uint8_t> q(v.size());
-  fp8_from_float(v.data(), q.data(), v.size(), format, saturate);
-  fp8_to_float(q.data(), v.data(), v.size(), format);
-  for (float& a : v) a *= inv;  // the dequantized value in fp32, as an FP8 GEMM's scale_inv
-  return from_vector<float>(v, x.sizes()).to(x.device());
+#if TD_WITH_CUDA
+  if (cuda_ops::fp8_mm_supported(a, b, out_dtype)) {
+    // alpha: the product of the two dequantization factors fp8_dequantize applies.
+    const double ia = static_cast<float>(1.0 / a_scale), ib = static_cast<float>(1.0 / b_scale);
+    const float alpha = static_cast<float>(ia * ib);
+    // The epilogue adds a bias of the output's (16-bit) dtype; any other bias is added in fp32.
+    const bool fused =
+        !bias.defined() || (bias.dtype() == out_dtype && out_dtype != DType::Float32);
+    Tensor out =
+        Tensor::empty({a.size(0), b.size(0)}, fused ? out_dtype : DType::Float32, a.device());
+    cuda_ops::fp8_mm_out(a, b, alpha, fused ? bias : Tensor(), out);
+    if (!fused) out = add(out, bias.detach().to(DType::Float32)).to(out_dtype);
+    return out;
+  }
+#endif
+  Tensor bf = bias.defined() ? bias.detach().to(DType::Float32) : Tensor();
+  return linear(fp8_dequantize(a, a_scale), fp8_dequantize(b, b_scale), bf).to(out_dtype);
 }
 
 double amax(const Tensor& x) {
@@ -151,8 +213,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
            describe(x), " does not match weight ", describe(weight), " [out, in]");
   const double sx = state.input.scale_for(x, shards.input);
   const double sw = state.weight.scale_for(weight, shards.weight);
-  Tensor xq = fp8_fake_quantize(x, Fp8Format::E4M3FN, sx);
-  Tensor wq = fp8_fake_quantize(weight, Fp8Format::E4M3FN, sw);
+  const int64_t in = x.size(-1), outf = weight.size(0), rows = x.numel() / std::max<int64_t>(in, 1);
+  // The operands' FP8 codes: the forward GEMM's, and kept for the backward's (1 byte each).
+  Tensor xq = fp8_quantize(reshape(x.detach(), {rows, in}), Fp8Format::E4M3FN, sx);
+  Tensor wq = fp8_quantize(weight, Fp8Format::E4M3FN, sw);
   if (counts) {
     counts->add(fp8_count(x, Fp8Format::E4M3FN, sx));
     counts->add(fp8_count(weight, Fp8Format::E4M3FN, sw));
@@ -165,35 +229,42 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
     note(state.input, amaxes, whole && shards.input ? shards.input(ax) : ax);
     note(state.weight, amaxes, whole && shards.weight ? shards.weight(aw) : aw);
   }
+  Shape out_sizes = x.sizes();
+  out_sizes.back() = outf;
   Tensor out;
   {
     autograd::NoGradGuard ng;
-    Tensor b = bias.defined() ? bias.detach().to(DType::Float32) : Tensor();
-    out = linear(xq, wq, b).to(x.dtype());
+    out = reshape(fp8_scaled_mm(xq, sx, wq, sw, x.dtype(), bias), out_sizes);
   }
   if (autograd::needs_grad({x, weight, bias})) {
-    const int64_t rows = x.numel() / x.size(-1);
-    autograd::record(
-        "Fp8LinearBackward", {x, weight, bias}, {&out},
-        [xq, wq, rows, amaxes, counts, reduce = shards.grad, xs = x.sizes(), xdt = x.dtype(),
-         wdt = weight.dtype(), bdt = bias.defined() ? bias.dtype() : DType::Float32,
-         st = &state](const TensorList& g, const auto& need) {
-          const int64_t in = wq.size(1), outf = wq.size(0);
-          // The output gradient in E5M2 (hybrid) or E4M3 (e4m3), its amax noted for next time.
-          const Fp8Format gf = st->grad.format();
-          const double sg = st->grad.scale_for(g[0], reduce);
-          Tensor gq = reshape(fp8_fake_quantize(g[0], gf, sg), {rows, outf});
-          if (counts) counts->add(fp8_count(g[0], gf, sg));
-          if (amaxes != Fp8Amax::Ignore) {
-            const double ag = amax(g[0]);
-            note(st->grad, amaxes, amaxes == Fp8Amax::Record && reduce ? reduce(ag) : ag);
-          }
-          Tensor gx, gw, gb;
-          if (need[0]) gx = reshape(mm(gq, wq), xs).to(xdt);
-          if (need[1]) gw = mm(transpose(gq, 0, 1), reshape(xq, {rows, in})).to(wdt);
-          if (need[2]) gb = sum(reshape(g[0].to(DType::Float32), {rows, outf}), {0}).to(bdt);
-          return TensorList{gx, gw, gb};
-        });
+    autograd::record("Fp8LinearBackward", {x, weight, bias}, {&out},
+                     [xq, wq, sx, sw, rows, in, outf, amaxes, counts, reduce = shards.grad,
+                      xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
+                      bdt = bias.defined() ? bias.dtype() : DType::Float32,
+                      st = &state](const TensorList& g, const auto& need) {
+                       // The output gradient in E5M2 (hybrid) or E4M3 (e4m3), its amax noted for
+                       // next time.
+                       const Fp8Format gf = st->grad.format();
+                       const double sg = st->grad.scale_for(g[0], reduce);
+                       Tensor gq = fp8_quantize(reshape(g[0], {rows, outf}), gf, sg);
+                       if (counts) counts->add(fp8_count(g[0], gf, sg));
+                       if (amaxes != Fp8Amax::Ignore) {
+                         const double ag = amax(g[0]);
+                         note(st->grad, amaxes,
+                              amaxes == Fp8Amax::Record && reduce ? reduce(ag) : ag);
+                       }
+                       // dx = dY W and dW = dY^T X as products A B^T of the FP8 codes (transposed
+                       // views: Note [FP8 GEMM on cuBLASLt]).
+                       Tensor gx, gw, gb;
+                       if (need[0])
+                         gx = reshape(fp8_scaled_mm(gq, sg, transpose(wq, 0, 1), sw, xdt), xs);
+                       if (need[1]) {
+                         gw = fp8_scaled_mm(transpose(gq, 0, 1), sg, transpose(xq, 0, 1), sx, wdt);
+                       }
+                       if (need[2])
+                         gb = sum(reshape(g[0].to(DType::Float32), {rows, outf}), {0}).to(bdt);
+                       return TensorList{gx, gw, gb};
+                     });
   }
   return out;
 }

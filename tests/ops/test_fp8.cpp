@@ -55,6 +55,58 @@ TEST(Fp8Ops, FakeQuantizeIsTheElementwiseRoundTrip) {
             std::string::npos);
 }
 
+// Property: fp8_quantize gives the codes (a float8 tensor) whose values, divided by the scale,
+// fp8_dequantize returns: the same values as the fake quantization; both refuse other dtypes.
+TEST(Fp8Ops, QuantizeGivesTheCodesDequantizeTheirValues) {
+  Tensor x = mul(td::test::randn_seeded({4, 33}, 5), 50.0);
+  Tensor q = fp8_quantize(x, Fp8Format::E5M2, 3.0);
+  EXPECT_EQ(q.dtype(), DType::Float8E5M2);
+  EXPECT_EQ(q.sizes(), x.sizes());
+  const std::vector<float> xv = to_vector<float>(x), qv = to_vector<float>(q);
+  for (size_t i = 0; i < xv.size(); ++i) {
+    ASSERT_EQ(qv[i], fp8_to_float(fp8_from_float(xv[i] * 3.0f, Fp8Format::E5M2), Fp8Format::E5M2));
+  }
+  EXPECT_TRUE(same_bytes(fp8_dequantize(q, 3.0), fp8_fake_quantize(x, Fp8Format::E5M2, 3.0)));
+  EXPECT_EQ(fp8_dequantize(q, 3.0, DType::BFloat16).dtype(), DType::BFloat16);
+  EXPECT_NE(td::test::error_of([&] { fp8_dequantize(x, 1.0); }).find("expected a float8 tensor"),
+            std::string::npos);
+  EXPECT_NE(td::test::error_of([&] {
+              fp8_quantize(q, Fp8Format::E4M3FN, 1.0);
+            }).find("expected a floating tensor"),
+            std::string::npos);
+}
+
+// Property: fp8_scaled_mm is the fp32 product of the dequantized operands, a [m, k] times
+// b [n, k] transposed, plus the bias, rounded once to the output dtype (exactly: the same ops);
+// strided operands are taken as they are; bad operands are named.
+TEST(Fp8Ops, ScaledMmIsTheProductOfTheDequantizedOperands) {
+  Tensor a = fp8_quantize(td::test::randn_seeded({5, 32}, 1), Fp8Format::E4M3FN, 100.0);
+  Tensor bt = fp8_quantize(td::test::randn_seeded({32, 7}, 2), Fp8Format::E5M2, 1000.0);
+  Tensor b = transpose(bt, 0, 1);  // [7, 32], a view
+  Tensor bias = td::test::randn_seeded({7}, 3).to(DType::BFloat16);
+  Tensor got = fp8_scaled_mm(a, 100.0, b, 1000.0, DType::BFloat16, bias);
+  Tensor want = linear(fp8_dequantize(a, 100.0), fp8_dequantize(b, 1000.0), bias.to(DType::Float32))
+                    .to(DType::BFloat16);
+  EXPECT_EQ(got.dtype(), DType::BFloat16);
+  EXPECT_TRUE(same_bytes(got, want));
+  EXPECT_NE(td::test::error_of([&] {
+              fp8_scaled_mm(a.to(DType::Float32), 1.0, b, 1.0, DType::Float32);
+            }).find("expected float8 operands"),
+            std::string::npos);
+  EXPECT_NE(td::test::error_of([&] {
+              fp8_scaled_mm(a, 1.0, bt, 1.0, DType::Float32);
+            }).find("are not [m, k] and [n, k]"),
+            std::string::npos);
+  EXPECT_NE(td::test::error_of([&] {
+              fp8_scaled_mm(a, 1.0, b, 1.0, DType::Float32, td::test::randn_seeded({6}, 1));
+            }).find("is not a floating [7] vector"),
+            std::string::npos);
+  EXPECT_NE(td::test::error_of([&] {
+              fp8_scaled_mm(a, 0.0, b, 1.0, DType::Float32);
+            }).find("the scale must be finite and > 0"),
+            std::string::npos);
+}
+
 TEST(Fp8Ops, LinearForwardAndBackwardAreTheQuantizedProducts) {
   Tensor x = param({3, 5, 16}, 1, 2.0), w = param({8, 16}, 2, 0.3), b = param({8}, 3, 0.1);
   Fp8LinearState st(/*history=*/0);  // current scaling: scales from these tensors

@@ -28,9 +28,26 @@
 
 namespace td {
 
-// fp8(x * scale) / scale in float32 (Note [FP8 emulation]); saturate as fp8_from_float. Not
-// recorded by autograd.
+// The codes fp8(x * scale) as a float8 tensor on x's device (x * scale computed in float32,
+// then rounded as to_fp8 rounds: saturating unless told not to). Not recorded by autograd.
+Tensor fp8_quantize(const Tensor& x, Fp8Format format, double scale, bool saturate = true);
+// The values float8 codes q stand for with `scale`: q * float(1 / scale) in float32 (exact
+// products of an fp8 value and a float, rounded once), converted to `dtype`.
+Tensor fp8_dequantize(const Tensor& q, double scale, DType dtype = DType::Float32);
+// fp8_dequantize(fp8_quantize(x, format, scale, saturate), scale) (Note [FP8 emulation]).
 Tensor fp8_fake_quantize(const Tensor& x, Fp8Format format, double scale, bool saturate = true);
+
+// out [m, n] = Q(a) Q(b)^T + bias, in out_dtype, with Q(t) = fp8_dequantize(t, its scale):
+// a [m, k] and b [n, k] hold float8 codes (any strides), bias [n] (optional) is floating, all on
+// one device. The products are accumulated in fp32, the bias added, and the sum rounded once to
+// out_dtype (the GPU's bias epilogue may round the product to a bf16/fp16 out_dtype before
+// adding a bias of that dtype: Note [GEMM tolerances] in tests/ops/cuda). On a GPU with FP8 tensor
+// cores, k and n multiples of 16 and not both operands E5M2, it is one cuBLASLt FP8 GEMM (Note [FP8
+// GEMM on cuBLASLt] in kernels/gemm/gemm.cuh), which equals the rest's fp32 product of the
+// dequantized operands up to summation order; elsewhere (the CPU, sm_80, other shapes) it is that
+// product. Not recorded by autograd.
+Tensor fp8_scaled_mm(const Tensor& a, double a_scale, const Tensor& b, double b_scale,
+                     DType out_dtype, const Tensor& bias = {});
 // max |x| as a double (NaN if x holds NaN; 0 for an empty tensor).
 double amax(const Tensor& x);
 

@@ -191,6 +191,78 @@ void matmul_out(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, c
   }
 }
 
+namespace {
+
+kernels::Fp8Type fp8_type(const Tensor& t) {
+  return t.dtype() == DType::Float8E5M2 ? kernels::Fp8Type::kE5M2 : kernels::Fp8Type::kE4M3;
+}
+
+// t itself when it is a row-major matrix with 16-byte aligned rows, else such a copy.
+Tensor packed_aligned(const Tensor& t) {
+  const bool aligned = t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  if (aligned) return t;
+  Tensor fresh = Tensor::empty(t.sizes(), t.dtype(), t.device());
+  fresh.copy_(t);
+  return fresh;
+}
+
+}  // namespace
+
+bool fp8_mm_supported(const Tensor& a, const Tensor& b, DType out_dtype) {
+  if (!a.is_cuda() || !b.is_cuda() || a.device() != b.device() || a.dim() != 2 || b.dim() != 2) {
+    return false;
+  }
+  if (!is_float8(a.dtype()) || !is_float8(b.dtype()) ||
+      (a.dtype() == DType::Float8E5M2 && b.dtype() == DType::Float8E5M2) ||
+      !is_floating(out_dtype)) {
+    return false;
+  }
+  const int64_t k = a.size(1), n = b.size(0);
+  if (b.size(1) != k || k % 16 != 0 || n % 16 != 0) return false;
+  OnDevice on_device(a);
+  return kernels::gemm_fp8_supported_device();
+}
+
+void fp8_mm_out(const Tensor& a_in, const Tensor& b_in, float alpha, const Tensor& bias_in,
+                const Tensor& out) {
+  check_same_cuda_device("fp8_mm", out, {&a_in, &b_in, &bias_in});
+  TD_CHECK(fp8_mm_supported(a_in, b_in, out.dtype()) && out.is_contiguous() && out.dim() == 2 &&
+               out.size(0) == a_in.size(0) && out.size(1) == b_in.size(0),
+           "fp8_mm: internal: no FP8 GEMM of ", describe(a_in), " and ", describe(b_in), " into ",
+           describe(out));
+  if (out.numel() == 0) return;
+  OnDevice on_device(out);
+  const Tensor a = packed_aligned(a_in), b = packed_aligned(b_in);
+  Tensor bias;
+  if (bias_in.defined()) {
+    TD_CHECK(bias_in.dim() == 1 && bias_in.size(0) == out.size(1) &&
+                 bias_in.dtype() == out.dtype() && out.dtype() != DType::Float32,
+             "fp8_mm: internal: bias ", describe(bias_in), " for ", describe(out));
+    bias = packed_aligned(bias_in.detach());
+  }
+  kernels::Fp8GemmArgs g;
+  g.m = a.size(0);
+  g.n = b.size(0);
+  g.k = a.size(1);
+  g.a = a.data_ptr();
+  g.lda = g.k;
+  g.a_type = fp8_type(a);
+  g.b = b.data_ptr();
+  g.ldb = g.k;
+  g.b_type = fp8_type(b);
+  g.c = out.data_ptr();
+  g.ldc = g.n;
+  g.c_type = gemm_type(out, "fp8_mm");
+  g.alpha = alpha;
+  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  g.stream = stream_of(out);
+  const size_t ws_bytes = kernels::gemm_workspace_bytes();
+  Tensor workspace = scratch_bytes(out, ws_bytes);
+  g.workspace = workspace.data_ptr();
+  g.workspace_bytes = ws_bytes;
+  kernels::gemm_fp8(g);
+}
+
 }  // namespace td::cuda_ops
 
 #endif  // TD_WITH_CUDA
