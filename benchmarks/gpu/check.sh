@@ -324,6 +324,10 @@ if [[ $WITH_PYTHON == ON ]]; then  # GPT-2 small train step, td vs eager torch (
     PYTHONPATH=python timeout 180 $PY benchmarks/gpu/gpt_step_bench.py --dtype $dt \
       2>"$OUT/gpt_step_bench_$dt.err" | tee -a "$BENCH" || fail "gpt_step_bench $dt (exit $?)"
   done
+  # Issue 27: the same step with the blocks' linears in FP8 (hybrid, cuBLASLt FP8 GEMMs), to set
+  # beside the bf16 row above.
+  PYTHONPATH=python timeout 180 $PY benchmarks/gpu/gpt_step_bench.py --dtype bf16 --fp8 hybrid \
+    --no-torch 2>"$OUT/gpt_step_bench_fp8.err" | tee -a "$BENCH" || fail "gpt_step_bench fp8 (exit $?)"
 fi
 fi
 

@@ -2,6 +2,7 @@
 // its descriptor/heuristic cache and a caching-allocator workspace) against cuBLASLt called
 // directly here (own handle, descriptors, first heuristic, 32 MiB workspace) on the same
 // buffers: bf16 and fp16 at 4096^3 and 8192^3, fp32 with TF32 at 4096^3. Row-major C = A B.
+// Then FP8 against bf16 (fp8_cases).
 //   ./build/<dir>/benchmarks/gpu/gemm_bench
 // One JSON line per case; "ratio" is td / raw cuBLASLt throughput (target: >= 0.95 for bf16).
 // Timing: CUDA events around `reps` back-to-back calls (so host work overlaps the GPU, as in
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "gemm/gemm.cuh"
 #include "runtime/stream.cuh"
 #include "tardelli/tardelli.h"
 
@@ -148,6 +150,62 @@ struct Case {
   int64_t size;
 };
 
+// FP8 (issue 27): C[M,N] = A[M,K] B[N,K]^T with e4m3 codes and a bf16 output through
+// td::fp8_scaled_mm (fp32 accumulation, as training uses it), and through the kernel with
+// cuBLASLt's fast accumulation (TransformerEngine's forward setting), against td's bf16 GEMM of
+// the same product. Target: >= 1.6x bf16 at 8192^3. FP8's dense peak is twice bf16's.
+void fp8_cases(const cudaDeviceProp& prop, double peak16, cudaStream_t stream) {
+  if (!td::kernels::gemm_fp8_supported_device()) {
+    std::printf("{\"bench\":\"gemm_fp8\",\"skipped\":\"%s has no FP8 tensor cores\"}\n", prop.name);
+    return;
+  }
+  for (int64_t size : {4096, 8192}) {
+    const int64_t m = size, n = size, k = size;
+    const td::Tensor a16 = device_random(m, k, td::DType::BFloat16, 3);
+    const td::Tensor b16 = device_random(n, k, td::DType::BFloat16, 4);
+    // Values in [-1, 1) scaled by 400 fill e4m3's range (max 448).
+    const td::Tensor a8 = td::fp8_quantize(a16, td::Fp8Format::E4M3FN, 400.0);
+    const td::Tensor b8 = td::fp8_quantize(b16, td::Fp8Format::E4M3FN, 400.0);
+    const td::Tensor bt = td::transpose(b16, 0, 1);
+    td::Tensor out16, out8;
+    const double bf16_ms = median_ms([&] { out16 = td::mm(a16, bt); }, stream);
+    const double fp8_ms = median_ms(
+        [&] { out8 = td::fp8_scaled_mm(a8, 400.0, b8, 400.0, td::DType::BFloat16); }, stream);
+    td::Tensor fast = td::Tensor::empty({m, n}, td::DType::BFloat16, td::cuda_device(0));
+    const size_t ws_bytes = td::kernels::gemm_workspace_bytes();
+    td::Tensor ws = td::Tensor::empty({static_cast<int64_t>(ws_bytes)}, td::DType::Float8E4M3FN,
+                                      td::cuda_device(0));
+    td::kernels::Fp8GemmArgs g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a8.data_ptr();
+    g.lda = k;
+    g.b = b8.data_ptr();
+    g.ldb = k;
+    g.c = fast.data_ptr();
+    g.ldc = n;
+    g.alpha = static_cast<float>(1.0 / (400.0 * 400.0));
+    g.fast_accum = true;
+    g.workspace = ws.data_ptr();
+    g.workspace_bytes = ws_bytes;
+    g.stream = stream;
+    const double fast_ms = median_ms([&] { td::kernels::gemm_fp8(g); }, stream);
+    TD_BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+    const double flop = 2.0 * static_cast<double>(m) * n * k;
+    const double t16 = flop / bf16_ms * 1e-9, t8 = flop / fp8_ms * 1e-9, tf = flop / fast_ms * 1e-9;
+    std::printf(
+        "{\"bench\":\"gemm_fp8\",\"m\":%ld,\"n\":%ld,\"k\":%ld,\"fp8_ms\":%.4f,"
+        "\"fp8_tflops\":%.1f,\"fp8_fast_accum_tflops\":%.1f,\"bf16_tflops\":%.1f,"
+        "\"speedup_vs_bf16\":%.3f,\"speedup_fast_accum_vs_bf16\":%.3f,\"target_speedup\":1.6,"
+        "\"fp8_fraction_of_peak\":%.3f,\"max_abs_diff_fp8_vs_bf16\":%.3g,\"device\":\"%s\"}\n",
+        static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), fp8_ms, t8, tf, t16,
+        t8 / t16, tf / t16, peak16 > 0 ? t8 / (2 * peak16) : 0.0, max_abs_diff(out8, out16),
+        prop.name);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -192,6 +250,7 @@ int main() {
       std::fflush(stdout);
     }
     td::set_matmul_allow_tf32(false);
+    fp8_cases(prop, peak16, stream);
   } catch (const std::exception& e) {
     fail(e.what());
   }

@@ -32,6 +32,9 @@ def parse_args():
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--vocab-size", type=int, default=50304)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--fp8", choices=["none", "hybrid", "e4m3"], default="none",
+                   help="td's blocks' linears in FP8 (delayed scaling, 16 steps of amax history; "
+                        "cuBLASLt FP8 GEMMs); the torch side stays in --dtype")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-torch", action="store_true")
@@ -93,6 +96,8 @@ def main():
                               n_head=a.heads, d_model=a.d_model, dtype=a.dtype, seed=1)
     model = td.models.GPT(cfg)
     init = {n: np.array(p.detach().numpy(), copy=True) for n, p in model.named_parameters()}
+    if a.fp8 != "none":
+        model.set_fp8(history=16, margin=0.0, recipe=a.fp8)
     model = model.to("cuda")
     rng = np.random.default_rng(0)
     x_np = rng.integers(0, V, (B, T), dtype=np.int64)
@@ -111,11 +116,13 @@ def main():
     def td_opt():
         opt.step()
         opt.zero_grad()
+        if a.fp8 != "none":
+            model.commit_fp8()  # the step's amaxes into the histories, as the trainer does
 
     td.cuda.reset_peak_memory_stats()
     dt, loss = median_step(lambda: train_step(td_fwd, td_opt), td.cuda.synchronize, a.steps,
                            a.warmup)
-    rows.append({"bench": "gpt_step", "framework": "tardelli", "dtype": a.dtype,
+    rows.append({"bench": "gpt_step", "framework": "tardelli", "dtype": a.dtype, "fp8": a.fp8,
                  "step_ms": dt * 1e3, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
                  "peak_mem_bytes": td.cuda.max_memory_allocated(), "loss": loss.item()})
     if a.breakdown:

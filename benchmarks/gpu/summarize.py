@@ -87,6 +87,17 @@ def main():
             out.append(f"| {r.get('dtype')} | {r.get('m')}x{r.get('n')}x{r.get('k')} | "
                        f"{r['td_tflops']:.0f} | {r['cublaslt_tflops']:.0f} | {ratio:.3f} | "
                        f"{r.get('peak_tflops', 0):.0f} | {tgt} (>= 0.95) |")
+    fp8 = [r for r in rows if r.get("bench") == "gemm_fp8" and "skipped" not in r]
+    if fp8:  # issue 27: FP8 (e4m3, bf16 out) against td's bf16 GEMM of the same product
+        out += ["", "| FP8 GEMM | M=N=K | FP8 TFLOP/s | fast accum | bf16 | FP8/bf16 | target |",
+                "|---|---|---|---|---|---|---|"]
+        for r in fp8:
+            x = r["speedup_vs_bf16"]
+            tgt = verdict(x >= 1.6) + " (>= 1.6x)" if r.get("m") == 8192 else "-"
+            out.append(f"| e4m3 | {r.get('m')}x{r.get('n')}x{r.get('k')} | "
+                       f"{r['fp8_tflops']:.0f} | {r['fp8_fast_accum_tflops']:.0f} | "
+                       f"{r['bf16_tflops']:.0f} | {x:.2f}x "
+                       f"(fast {r['speedup_fast_accum_vs_bf16']:.2f}x) | {tgt} |")
     mem = [r for r in rows if r.get("bench") == "memory_bound" and "skipped" not in r]
     if mem:
         out += ["", "| memory-bound op | dtype | GB/s | copy GB/s | ratio | target |",
@@ -133,7 +144,8 @@ def main():
             t = (f"{r['torch_tokens_per_s']:,.0f} | {r['torch_mfu']:.1%} | "
                  f"{r['speedup_vs_torch']:.2f}x | {r['mem_ratio_vs_torch']:.2f}"
                  if "torch_tokens_per_s" in r else "- | - | - | -")
-            out.append(f"| {shape} | {c['dtype']} | {r['td_tokens_per_s']:,.0f} | "
+            dt = c["dtype"] + (f" + fp8 {c['fp8']}" if c.get("fp8", "none") != "none" else "")
+            out.append(f"| {shape} | {dt} | {r['td_tokens_per_s']:,.0f} | "
                        f"{r['td_mfu']:.1%} | {t} |")
     cpu = [r for r in rows if r.get("bench") == "train_step"]
     if cpu:  # issue 4's CPU targets, measured on this host's CPU where it has AMX

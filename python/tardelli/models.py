@@ -261,6 +261,24 @@ class GPT(nn.Module):
         """(mode, num_layers) set by set_recompute (num_layers -1: every block)."""
         return tuple(self._cpp.recompute)
 
+    def set_fp8(self, history=16, margin=0.0, recipe="hybrid"):
+        """The blocks' four linears in FP8 (include/tardelli/ops/fp8.h): inputs and weights in
+        e4m3, gradients in e5m2 ("hybrid") or e4m3 ("e4m3"); per-tensor scales from the largest
+        amax of the last `history` steps (0: this step's, current scaling) with `margin`. With
+        delayed scaling, call commit_fp8() once per optimizer step."""
+        self._cpp.set_fp8(int(history), float(margin), str(recipe))
+        return self
+
+    def commit_fp8(self):
+        """Records the amaxes the step's forwards and backwards noted into every FP8 linear's
+        history and updates its scales (once per optimizer step, one rank)."""
+        self._cpp.commit_fp8()
+
+    @property
+    def fp8(self):
+        """Whether set_fp8 was called."""
+        return self._cpp.fp8
+
     @property
     def dropout_generator(self):
         """The td.Generator dropout draws from (its state is part of a training checkpoint)."""

@@ -112,3 +112,28 @@ def test_bad_precision_map(tmp_path, content, suffix, message):
     p.write_text(content)
     with pytest.raises(C.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         C.parse_config([*SYNTH, "--precision-map", str(p)], world_size=1)
+
+
+def test_model_set_fp8_api():
+    # Property: the Python model's set_fp8 routes the blocks' linears through FP8 (the loss of
+    # a training forward changes against the same weights without it), commit_fp8 moves the
+    # noted amaxes into the scales (the next forward's loss changes again, the weights being the
+    # same), and a bad recipe is refused naming it.
+    import tardelli as td
+    cfg = td.models.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32,
+                              seed=3)
+    plain, f8 = td.models.GPT(cfg), td.models.GPT(cfg)
+    assert not f8.fp8
+    assert f8.set_fp8(history=4, margin=0.0, recipe="hybrid") is f8
+    assert f8.fp8
+    x = td.from_numpy(np.random.default_rng(0).integers(0, 64, (2, 16)))
+    plain.train()
+    f8.train()
+    l_plain, l0 = plain(x, x).item(), f8(x, x).item()
+    assert l0 != l_plain
+    l1 = f8(x, x).item()
+    assert l1 == l0  # nothing committed: the same scales
+    f8.commit_fp8()
+    assert f8(x, x).item() != l0  # the scales moved from 1.0 to the amaxes'
+    with pytest.raises(td.TardelliError, match="'e5m2'"):
+        td.models.GPT(cfg).set_fp8(recipe="e5m2")
