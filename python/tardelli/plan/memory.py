@@ -75,8 +75,13 @@ SELECTIVE_WS = {"gpt2": 0.0, "llama": 1.5}
 # The fraction of a block's linear-output gradients (qkv, proj, MLP in and out) a zb stage
 # holds per deferred W (measured: 0.5 of them, 2-rank llama, docs/planner.md).
 ZB_DY = 0.5
-# What a block recomputed under --recompute full keeps during its own backward.
-FULL_KEEPS = {"gpt2": "selective", "llama": "none"}
+# Note [MLP backward transient]: the [t, ff/tp] tensors (compute dtype) alive at the peak of
+# activation_linear's backward (src/ops/activation_linear.cpp), besides the saved h. gpt2: the
+# activation's output gradient dm = dy W, and gelu_and_backward's two outputs, gelu(h) and dh.
+# llama (SwiGLU, ff the width of one half): dm, silu(gate), dm x up (silu_backward's input, a
+# temporary of the same expression), the gate's and the up half's gradients and their cat
+# ([t, 2 ff]): 7 units.
+MLP_BWD_UNITS = {"gpt2": 3, "llama": 7}
 
 
 def block_backward_bytes(spec, layout, tokens):
@@ -90,29 +95,57 @@ def block_backward_bytes(spec, layout, tokens):
     return int(s * tokens * ((a + sel) * ffu + b * d) + c * 4 * d * ffu)
 
 
+def full_recompute_backward_bytes(spec, layout, tokens, alloc=None):
+    """What one block's backward adds under --recompute full (Note [Full recomputation
+    backward]): the checkpoint reruns the block's forward (the GPT's blocks run
+    activation_linear, i.e. the selective set) and backpropagates through it, so beside the
+    saved block input there live the incoming gradient dy, the recomputed forward's saved
+    tensors and output, and, at the MLP's backward, its transient (Note [MLP backward
+    transient]). dy and the input are both [t_res, d], so this is the selective set (which counts
+    the input) plus the transient."""
+    s, d, tp = spec.dtype_bytes, spec.d_model, layout.tp
+    sc = (lambda b: size_class(b, alloc)) if alloc else int
+    t_res = tokens // tp if layout.sequence_parallel else tokens
+    kept = block_activation_bytes(spec, layout, tokens, "selective", alloc)
+    if tp > 1 and spec.arch == "gpt2":
+        kept += 2 * sc(s * d * t_res)  # the row-parallel outputs the bias adds keep
+    ff = spec.ffn_hidden // tp
+    u = 1 if spec.arch == "gpt2" else 2
+    unit = sc(s * tokens * ff)
+    # The transient's peak inside mlp_activation_and_backward, or after it: dm freed, act(h)
+    # and dh (u units) with the second linear's fp32 weight gradient [d, ff/tp] being formed.
+    mlp = max(MLP_BWD_UNITS[spec.arch] * unit,
+              (1 + u) * unit + sc(4 * d * ff))
+    return kept + mlp
+
+
 def _states(spec, layout, named, alloc, single_process):
     """(params, grads, optimizer, buffers) bytes of this rank's parameters `named` under the
     layout's ZeRO stage (docs/memory.md, "ZeRO stages")."""
     dp = layout.dp * layout.cp  # gradients are reduced over dp x cp
     sc = lambda b: size_class(b, alloc)  # noqa: E731
-    # DDP buckets: reverse registration order, closed at 40 MB (--ddp-bucket-mb), padded to dp.
-    buckets, cur = [], 0
+    # DDP buckets: reverse registration order, closed at 40 MB (--ddp-bucket-mb), padded to dp;
+    # each a list of its parameters' element counts in bucket order.
+    members, cur = [[]], 0
     for _, n in reversed(named):
+        members[-1].append(n)
         cur += n
         if cur * 4 >= 40e6:
-            buckets.append(cur)
+            members.append([])
             cur = 0
-    if cur:
-        buckets.append(cur)
+    if not members[-1]:
+        members.pop()
     z = layout.zero
     if z == 3:
-        # FSDP shards per unit (Note [FSDP prefetch]): wte, wpe, each block, the head + ln_f.
+        # FSDP shards per unit (Note [FSDP prefetch]): wte, wpe, each block, the head + ln_f,
+        # each unit's parameters in registration order.
         units = {}
         for k, n in named:
             u = ".".join(k.split(".")[:2]) if k.startswith("h.") else \
                 ("post" if k.startswith(("ln_f", "lm_head")) else k)
-            units[u] = units.get(u, 0) + n
-        buckets = list(units.values())
+            units.setdefault(u, []).append(n)
+        members = list(units.values())
+    buckets = [sum(m) for m in members]
     padded = [max(1, math.ceil(b / dp)) * dp for b in buckets]
     if z == 3:
         params = sum(sc(4 * p // dp) for p in padded)
@@ -128,9 +161,20 @@ def _states(spec, layout, named, alloc, single_process):
         opt = sum(2 * sc(4 * n) for _, n in named)
         bufs = 0
     else:
-        # Moments of the shard, the staging of the updated shard (ZeRO-1/2), the reduce-scatter
-        # output (ZeRO-1).
-        opt = sum(2 * sc(4 * p // dp) for p in padded)
+        # The two moments per piece, a piece being a parameter's part of the rank's shard of a
+        # bucket (src/distributed/distributed_optimizer.cpp): each its own tensor and size
+        # class, on the dp rank where they weigh most. Then the staging of the updated shard
+        # (ZeRO-1/2) and the reduce-scatter output (ZeRO-1), one per bucket.
+        def moments(q):
+            tot = 0
+            for m, p in zip(members, padded):
+                lo, hi, off = q * p // dp, (q + 1) * p // dp, 0
+                for n in m:
+                    piece = min(hi, off + n) - max(lo, off)
+                    tot += 2 * sc(4 * piece) if piece > 0 else 0
+                    off += n
+            return tot
+        opt = max(moments(q) for q in range(dp))
         bufs = sum(sc(4 * p // dp) for p in padded) * ((z in (1, 2)) + (z == 1))
     return params, grads, opt, bufs, padded
 
@@ -215,35 +259,53 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             logits = 4 * rows * V
             head_ws = sc(logits) + sc(s * rows * d) + \
                 (sc(4 * V * d) if -(-tokens // rows) > 1 or tp > 1 else 0)
-        bwd_ws = block_backward_bytes(spec, layout, tokens)
         if layout.recompute == "full":
-            # The block being recomputed holds, during its backward, what it would keep without
-            # any recomputation (the checkpointed forward keeps the MLP activation too), and the
-            # recomputed output with its gradient.
-            bwd_ws += block_activation_bytes(spec, layout, tokens, FULL_KEEPS[spec.arch],
-                                             alloc) + 2 * sc(s * d * t_res)
-        # ZeRO-1/2: the parameter all-gather after the step, two buckets at a time. ZeRO-3:
-        # the gathered current and prefetched units (docs/memory.md), in backward also the full
-        # gradient buckets of up to three units and, for gpt2's tied head, the whole table.
+            bwd_ws = full_recompute_backward_bytes(spec, layout, tokens, alloc)
+        else:
+            bwd_ws = block_backward_bytes(spec, layout, tokens)
+        # ZeRO-1/2: the parameter all-gather after the step, two buckets at a time.
         big = sorted(padded, reverse=True)
         zero_ws = sum(sc(4 * p) for p in big[:2]) if layout.zero and padded else 0
-        zero3_bwd = 0
+        zero3_bwd = z3_head = 0
         if layout.zero == 2:
             # ZeRO-2: the full buckets being accumulated in the current backward and up to two
             # whose reduce-scatter is in flight (Note [ZeRO-2 gradient shards]).
             zero3_bwd = sum(sc(4 * p) for p in big[:3])
-        if layout.zero == 3:
-            zero3_bwd = sum(sc(4 * p) for p in big[:3]) + \
-                (sc(4 * V * d) if spec.arch == "gpt2" else 0)
         base = params + opt + bufs
         if layout.zero == 3:
-            base += sc(4 * big[0])  # at the forward's end only the head's unit is gathered
-            zero3_bwd += zero_ws - sc(4 * big[0])
+            # ZeRO-3 (Note [FSDP prefetch], src/distributed/fully_sharded.cpp): at the forward's
+            # end the head's unit is gathered (gpt2: the tied wte, which stays gathered through
+            # backward; llama: ln_f + lm_head); a block's backward holds its own unit and the
+            # prefetched one before it gathered, and its own unit's full gradient bucket until
+            # the reduce-scatter.
+            dpz = layout.dp * layout.cp
+            unit = lambda n: max(1, math.ceil(n / dpz)) * dpz  # noqa: E731
+            head_unit = (V * d + (0 if spec.arch == "gpt2" else d)) if post else 0
+            blk_units = {}
+            for k, n in named:
+                if k.startswith("h."):
+                    blk_units[k.split(".")[1]] = blk_units.get(k.split(".")[1], 0) + n
+            blk_unit = unit(max(blk_units.values())) if blk_units else 0
+            z3_head = sc(4 * unit(head_unit)) if head_unit else 0
+            zero3_bwd = (3 * sc(4 * blk_unit) if blk_unit else 0) + \
+                (z3_head if spec.arch == "gpt2" else 0)
+            zero_ws = z3_head
         # Gradients alive at each moment: the DDP's buckets always; in one plain process p.grad
         # appears as backward completes each parameter (Note [Engine]): the head's first,
         # then block by block from the last.
         by_name = dict(named)
-        g_head = sum(sc(4 * n) for k, n in named if not k.startswith("h.")) if lazy else grads
+        # The head's gradients are ln_f's and the head weight's: gpt2's tied wte gets its head
+        # part there, llama's untied wte (and gpt2's wpe) only in the embedding's backward,
+        # after every block (Note [Tied embedding gradient]).
+        tied = spec.arch == "gpt2" and post
+        g_head = sum(sc(4 * n) for k, n in named if k.startswith(("ln_f.", "lm_head.")) or
+                     (tied and k == "wte.weight")) if lazy else grads
+        # Note [Tied embedding gradient]: with wte and the head on one rank, the AccumulateGrad
+        # of wte waits for both uses (src/autograd/engine.cpp), so the head's d W ([V/tp, d]
+        # fp32) is held from the head's backward to the embedding's. In one process without
+        # accumulation it becomes wte.grad (counted in g_head); otherwise wte.grad or its
+        # bucket exists besides it.
+        held_dw = sc(4 * V * d) if tied and pre and not lazy else 0
         g_blocks = [sum(sc(4 * n) for k, n in named if k.startswith(f"h.{i}."))
                     for i in sorted({int(k.split(".")[1]) for k in by_name if k.startswith("h.")})]
         g_blk = max(g_blocks) if g_blocks else 0
@@ -256,11 +318,12 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             # Note [Memory phases]: the forward's end (the head's working set on the last
             # stage), the head's backward (new d x and d W beside the saved ones), the first and
             # the last block backward, the optimizer step.
-            "forward": base + (0 if lazy else grads) + other + mine + head_ws,
-            "head_backward": base + (0 if lazy else grads) + other + mine +
+            "forward": base + z3_head + (0 if lazy else grads) + other + mine + head_ws,
+            "head_backward": base + z3_head + (0 if lazy else grads) + other + mine +
             (sc(s * d * tokens) + sc(4 * V * d) if post else 0),
-            "backward_first": base + g_at_first + other + mine - post_out + bwd_ws + zero3_bwd,
-            "backward_last": base + g_at_last + other + pre_out + blk_first + bwd_ws +
+            "backward_first": base + g_at_first + held_dw + other + mine - post_out + bwd_ws +
+            zero3_bwd,
+            "backward_last": base + g_at_last + held_dw + other + pre_out + blk_first + bwd_ws +
             zero3_bwd,
             "optimizer": base + grads + (zero_ws if layout.zero in (1, 2) else 0),
         }
