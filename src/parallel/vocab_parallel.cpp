@@ -261,65 +261,10 @@ void vp_ce_grad_in_place(VpCeSaved& s) {
                     });
 }
 
-}  // namespace
-
-Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets,
-                                    const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
-                                    int64_t ignore_index, Reduction reduction) {
-  const char* op = "vocab_parallel_cross_entropy";
-  ops::check_defined(logits_shard, op, "logits_shard");
-  ops::check_defined(targets, op, "targets");
-  ops::check_cpu(logits_shard, op);
-  ops::check_floating(logits_shard, op);
-  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
-  TD_CHECK(logits_shard.dim() >= 1, op, ": logits_shard must be [..., V_pad/tp], got ",
-           describe(logits_shard));
-  TD_CHECK(is_integral(targets.dtype()), op, ": targets must be int32 or int64, got ",
-           describe(targets));
-  const int64_t Vs = logits_shard.size(-1);
-  Shape batch(logits_shard.sizes().begin(), logits_shard.sizes().end() - 1);
-  TD_CHECK(targets.sizes() == batch, op, ": targets ", describe(targets), " must have shape ",
-           shape_str(batch), " to match logits_shard ", describe(logits_shard));
-  check_vocab_shard(op, Vs, tp->size(), vocab_start, true_vocab_size);
-
-  const int64_t N = numel_of(batch);
-  std::vector<float> loss;
-  VpCeSaved s =
-      vp_ce_forward(op, logits_shard.detach().to(DType::Float32).contiguous().view({N, Vs}),
-                    targets, tp, vocab_start, true_vocab_size, ignore_index, loss);
-
-  Tensor out;
-  if (reduction == Reduction::None) {
-    out = from_vector(loss, batch);
-    if (logits_shard.dtype() != DType::Float32) out = out.to(logits_shard.dtype());
-  } else {
-    double total = 0.0;  // fixed order: the same value on every rank
-    for (float l : loss) total += l;
-    if (reduction == Reduction::Mean) total /= static_cast<double>(s.count);  // 0/0: NaN
-    out = scalar_tensor(total, logits_shard.dtype(), logits_shard.device());
-  }
-  if (autograd::needs_grad({logits_shard})) {
-    auto saved = std::make_shared<VpCeSaved>(std::move(s));
-    autograd::record("VocabParallelCrossEntropyBackward", {logits_shard}, {&out},
-                     [saved, reduction, dt = logits_shard.dtype(), shape = logits_shard.sizes()](
-                         const TensorList& g, const std::vector<bool>&) -> TensorList {
-                       if (!g[0].defined()) return {Tensor()};
-                       return {vp_ce_backward(g[0], *saved, reduction, dt, shape)};
-                     });
-  }
-  return out;
-}
-
-namespace {
-
 Tensor logits_fp32(const Tensor& h, const Tensor& w) {
   Tensor l = linear(h, w);
   return l.dtype() == DType::Float32 ? l : to_dtype(l, DType::Float32);
 }
-
-}  // namespace
-
-namespace {
 
 // Note [Vocab-parallel head on a device]: one chunk of the fused head with tensor ops, for
 // logits l [k, Vs] fp32 on any device: the rows' max over the valid columns, the sum of
@@ -387,6 +332,82 @@ Tensor vp_ce_chunk_tensor_ops(const char* op, const Tensor& l, const Tensor& tar
 }
 
 }  // namespace
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets,
+                                    const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
+                                    int64_t ignore_index, Reduction reduction, bool tensor_ops) {
+  const char* op = "vocab_parallel_cross_entropy";
+  ops::check_defined(logits_shard, op, "logits_shard");
+  ops::check_defined(targets, op, "targets");
+  ops::check_floating(logits_shard, op);
+  TD_CHECK(tp != nullptr, op, ": the tensor-parallel communicator is null");
+  TD_CHECK(logits_shard.dim() >= 1, op, ": logits_shard must be [..., V_pad/tp], got ",
+           describe(logits_shard));
+  TD_CHECK(is_integral(targets.dtype()), op, ": targets must be int32 or int64, got ",
+           describe(targets));
+  const int64_t Vs = logits_shard.size(-1);
+  Shape batch(logits_shard.sizes().begin(), logits_shard.sizes().end() - 1);
+  TD_CHECK(targets.sizes() == batch, op, ": targets ", describe(targets), " must have shape ",
+           shape_str(batch), " to match logits_shard ", describe(logits_shard));
+  check_vocab_shard(op, Vs, tp->size(), vocab_start, true_vocab_size);
+
+  TD_CHECK(targets.device() == logits_shard.device() || targets.device().is_cpu(), op, ": targets ",
+           describe(targets), " must be on the CPU or the logits' device");
+
+  const int64_t N = numel_of(batch);
+  const bool grad = autograd::needs_grad({logits_shard});
+  const Tensor l = logits_shard.detach().to(DType::Float32).contiguous().view({N, Vs});
+  std::vector<float> loss;
+  VpCeSaved s;
+  Tensor dl;  // the tensor-ops path: softmax - onehot, for backward
+  if (tensor_ops || !logits_shard.device().is_cpu()) {
+    dl = vp_ce_chunk_tensor_ops(op, l, targets.reshape({N}), tp, vocab_start, true_vocab_size,
+                                ignore_index, grad, loss);
+    for (int64_t t : to_vector<int64_t>(targets)) s.count += t != ignore_index ? 1 : 0;
+  } else {
+    s = vp_ce_forward(op, l, targets, tp, vocab_start, true_vocab_size, ignore_index, loss);
+  }
+
+  Tensor out;
+  if (reduction == Reduction::None) {
+    out = from_vector(loss, batch).to(logits_shard.device());
+    if (logits_shard.dtype() != DType::Float32) out = out.to(logits_shard.dtype());
+  } else {
+    double total = 0.0;  // fixed order: the same value on every rank
+    for (float v : loss) total += v;
+    if (reduction == Reduction::Mean) total /= static_cast<double>(s.count);  // 0/0: NaN
+    out = scalar_tensor(total, logits_shard.dtype(), logits_shard.device());
+  }
+  if (grad && dl.defined()) {
+    autograd::record(
+        "VocabParallelCrossEntropyBackward", {logits_shard}, {&out},
+        [dl, reduction, count = s.count, dt = logits_shard.dtype(), shape = logits_shard.sizes()](
+            const TensorList& g, const std::vector<bool>&) -> TensorList {
+          if (!g[0].defined()) return {Tensor()};
+          autograd::NoGradGuard ng;
+          // dl is the gradient of the summed loss; ignored rows are zero in it.
+          Tensor d;
+          if (reduction == Reduction::None) {
+            d = mul(dl, g[0].to(DType::Float32).reshape({dl.size(0), 1}));
+          } else {
+            const double scale =
+                reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+            d = mul(dl, g[0].item_double() * scale);
+          }
+          d = d.view(shape);
+          return {dt == DType::Float32 ? d : d.to(dt)};
+        });
+  } else if (grad) {
+    auto saved = std::make_shared<VpCeSaved>(std::move(s));
+    autograd::record("VocabParallelCrossEntropyBackward", {logits_shard}, {&out},
+                     [saved, reduction, dt = logits_shard.dtype(), shape = logits_shard.sizes()](
+                         const TensorList& g, const std::vector<bool>&) -> TensorList {
+                       if (!g[0].defined()) return {Tensor()};
+                       return {vp_ce_backward(g[0], *saved, reduction, dt, shape)};
+                     });
+  }
+  return out;
+}
 
 Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shard,
                                            const Tensor& targets, const CommPtr& tp,

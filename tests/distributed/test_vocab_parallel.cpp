@@ -89,8 +89,10 @@ struct CeCase {
 
 // The vocab-parallel loss and the gradient of every rank's logit shard equal the dense
 // cross_entropy and the matching columns of its gradient (zeros on padding columns), including
-// ignored tokens, a vocabulary that is not a multiple of tp, and ranks that own only padding.
-void check_cross_entropy(const CeCase& c) {
+// ignored tokens, a vocabulary that is not a multiple of tp, and ranks that own only padding;
+// both with the host loops and with the tensor ops a GPU runs (Note [Vocab-parallel head on a
+// device], taken here on CPU tensors), to the same tolerances.
+void check_cross_entropy(const CeCase& c, bool tensor_ops) {
   CommPtr tp = tp_group();
   const int r = tp->rank(), n = tp->size();
   const int64_t N = 13, padded = padded_vocab_size(c.V, n, c.multiple);
@@ -105,11 +107,12 @@ void check_cross_entropy(const CeCase& c) {
   sum(mul(lossd, wts)).backward();
 
   Tensor shard = leaf(shard_cols(padded_logits(logits, padded), r, n));
-  Tensor loss =
-      vocab_parallel_cross_entropy(shard, targets, tp, range.start, c.V, -100, c.reduction);
+  Tensor loss = vocab_parallel_cross_entropy(shard, targets, tp, range.start, c.V, -100,
+                                             c.reduction, tensor_ops);
   sum(mul(loss, wts)).backward();
 
-  const std::string tag = "V=" + std::to_string(c.V) + " padded=" + std::to_string(padded) + " ";
+  const std::string tag = "V=" + std::to_string(c.V) + " padded=" + std::to_string(padded) +
+                          (tensor_ops ? " (tensor ops) " : " ");
   double scale = 1.0;
   for (float v : to_vector<float>(lossd))
     scale = std::max(scale, static_cast<double>(std::fabs(v)));
@@ -119,6 +122,10 @@ void check_cross_entropy(const CeCase& c) {
   if (hi > range.start)
     want.narrow(1, 0, hi - range.start).copy_(ld.grad().narrow(1, range.start, hi - range.start));
   expect_near_all(shard.grad(), want, 1e-6, tag + "d logits shard");
+}
+
+void check_cross_entropy(const CeCase& c) {
+  for (bool tensor_ops : {false, true}) check_cross_entropy(c, tensor_ops);
 }
 
 TEST(VocabParallel, CrossEntropyMeanMatchesDensePaddedVocab) {

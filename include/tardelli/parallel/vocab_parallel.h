@@ -53,11 +53,14 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& w_shard, const 
 // averages over the tokens that are not ignored (all ignored: 0/0 = NaN, like td::cross_entropy);
 // Sum adds them. The result has the logits' dtype (computed in fp32) and is identical on every
 // rank. Backward is fused: d logits_shard = scale * (softmax - onehot) on the local columns
-// only (0 on padded columns and ignored rows), recomputed from the saved row max and sum.
+// only (0 on padded columns and ignored rows), recomputed from the saved row max and sum. On
+// the CPU host loops do this; on a GPU the steps run as tensor ops on the device (Note
+// [Vocab-parallel head on a device]), which form softmax - onehot in the forward and keep it
+// for backward in place of the logits. `tensor_ops` (testing aid): that path on CPU tensors.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets,
                                     const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
                                     int64_t ignore_index = -100,
-                                    Reduction reduction = Reduction::Mean);
+                                    Reduction reduction = Reduction::Mean, bool tensor_ops = false);
 
 // The head and the loss fused and chunked over tokens (the tensor-parallel counterpart of
 // td::linear_cross_entropy, Note [Chunked LM head]): the mean vocab-parallel cross-entropy of
