@@ -431,7 +431,7 @@ void gemm_fp8(const Fp8GemmArgs& g) {
   set_attr(desc_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   if (g.bias != nullptr) {
     set_attr(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-    set_attr(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, c_type);
+    set_attr(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(c_type));
   }
 
   // cuBLASLt's A is our B (column-major k x n, transposed), its B our A (k x m), its D n x m.
