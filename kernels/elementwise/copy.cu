@@ -104,6 +104,43 @@ void ew_cast_fp8(const EwArgs& a, CastType dst, CastType src, bool saturate, cud
   }
 }
 
+namespace ew {
+namespace {
+
+struct ScaleF {
+  float scale;
+  template <typename A>
+  __device__ float operator()(A v) const {
+    return __fmul_rn(static_cast<float>(v), scale);  // one rounded product, never contracted
+  }
+};
+
+}  // namespace
+}  // namespace ew
+
+void ew_scale_cast_fp8(const EwArgs& a, CastType dst, CastType src, float scale,
+                       cudaStream_t stream) {
+  auto run = [&]<typename TO>() {
+    if constexpr (ew::kIsFp8<TO>) {
+      switch (src) {
+        case CastType::F32:
+          return ew::launch<ew::ScaleF, TO, float>(a, ew::ScaleF{scale}, stream);
+        case CastType::BF16:
+          return ew::launch<ew::ScaleF, TO, __nv_bfloat16>(a, ew::ScaleF{scale}, stream);
+        case CastType::F16:
+          return ew::launch<ew::ScaleF, TO, __half>(a, ew::ScaleF{scale}, stream);
+        default:
+          break;
+      }
+    }
+  };
+  if (dst == CastType::F8E4M3FN) {
+    run.template operator()<Fp8<Fp8Kind::E4M3FN, true>>();
+  } else if (dst == CastType::F8E5M2) {
+    run.template operator()<Fp8<Fp8Kind::E5M2, true>>();
+  }
+}
+
 void ew_fill(const EwArgs& a, int elem_bytes, uint64_t bits, cudaStream_t stream) {
   switch (elem_bytes) {
     case 1:

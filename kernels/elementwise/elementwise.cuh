@@ -95,6 +95,11 @@ enum class CastType : uint8_t { F32, BF16, F16, I32, I64, Bool, F8E4M3FN, F8E5M2
 // common/fp8.cuh); overflow gives +-max when saturate, else NaN (E4M3FN) / +-inf (E5M2). Between
 // equal FP8 types the bytes are copied.
 void ew_cast_fp8(const EwArgs& a, CastType dst, CastType src, bool saturate, cudaStream_t stream);
+// dst (E4M3FN / E5M2) <- fp8(float(src) * scale), saturating (operands: dst, src; src float32,
+// bfloat16 or float16): FP8 quantization in one pass, the product rounded to float as the CPU's
+// fp8_quantize forms it (td::mul of the fp32 tensor by the scale), then encoded as ew_cast_fp8.
+void ew_scale_cast_fp8(const EwArgs& a, CastType dst, CastType src, float scale,
+                       cudaStream_t stream);
 // Every element of operand 0 set to the `elem_bytes`-byte pattern `bits`.
 void ew_fill(const EwArgs& a, int elem_bytes, uint64_t bits, cudaStream_t stream);
 // Unary (Neg .. LogicalNot) or binary (Add .. Ge) op on inputs of dtype t. False (nothing

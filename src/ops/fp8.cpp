@@ -14,6 +14,7 @@
 #include "tardelli/ops/view.h"
 
 #if TD_WITH_CUDA
+#include "ops/cuda/copy.h"
 #include "ops/cuda/matmul.h"
 #endif
 
@@ -37,6 +38,13 @@ Tensor fp8_quantize(const Tensor& x, Fp8Format format, double scale, bool satura
   TD_CHECK(is_floating(x.dtype()), "fp8_quantize: expected a floating tensor, got ", describe(x));
   check_scale("fp8_quantize", scale);
   autograd::NoGradGuard ng;
+#if TD_WITH_CUDA
+  if (x.is_cuda() && saturate) {  // one pass: scale and round (what the two ops below do)
+    Tensor q = Tensor::empty(x.sizes(), float8_dtype(format), x.device());
+    cuda_ops::scale_to_fp8_(q, x.detach(), static_cast<float>(scale));
+    return q;
+  }
+#endif
   return to_fp8(mul(x.detach().to(DType::Float32), scale), float8_dtype(format), saturate);
 }
 

@@ -66,6 +66,17 @@ void copy_to_fp8_(const Tensor& dst, const Tensor& src, bool saturate) {
                        stream_of(dst));
 }
 
+void scale_to_fp8_(const Tensor& dst, const Tensor& src, float scale) {
+  check_same_cuda_device("fp8_quantize", dst, {&src});
+  TD_CHECK(is_float8(dst.dtype()) && is_floating(src.dtype()) && dst.sizes() == src.sizes(),
+           "fp8_quantize: internal: ", describe(src), " into ", describe(dst));
+  if (dst.numel() == 0) return;
+  OnDevice on(dst);
+  kernels::EwArgs args = make_ew_args("fp8_quantize", {&dst, &src});
+  kernels::ew_scale_cast_fp8(args, cast_type(dst.dtype()), cast_type(src.dtype()), scale,
+                             stream_of(dst));
+}
+
 void fill_(const Tensor& t, double value) {
   if (t.numel() == 0) return;
   OnDevice on(t);

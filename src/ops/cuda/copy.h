@@ -9,6 +9,9 @@ namespace td::cuda_ops {
 void copy_(const Tensor& dst, const Tensor& src);
 // dst (float8) <- src converted, saturating or not (td::to_fp8), both on the same CUDA device.
 void copy_to_fp8_(const Tensor& dst, const Tensor& src, bool saturate);
+// dst (float8) <- fp8(float(src) * scale), saturating, in one pass (td::fp8_quantize on a GPU);
+// src float32 / bfloat16 / float16, same shape and device.
+void scale_to_fp8_(const Tensor& dst, const Tensor& src, float scale);
 // Every element of t (any strides) set to value converted to t's dtype.
 void fill_(const Tensor& t, double value);
 

@@ -67,11 +67,19 @@ void expect_close_fp8(const Tensor& got, const Tensor& want, const Tensor& produ
 
 }  // namespace
 
-// Property: quantizing on the GPU gives the CPU's codes bit for bit (fp32 products, then the
-// same rounding: Note [FP8 conversion code]), saturating values beyond the range.
+// Property: quantizing on the GPU (one fused scale-and-round pass, kernels::ew_scale_cast_fp8)
+// gives the CPU's codes bit for bit (the same fp32 products, then the same rounding: Note [FP8
+// conversion code]), saturating values beyond the range, from every floating dtype and from a
+// strided view.
 TEST(Fp8Cuda, QuantizeMatchesCpuBitwise) {
   TD_REQUIRE_CUDA();
-  for (DType dt : {DType::Float32, DType::BFloat16}) {
+  const Tensor wide = mul(randn_seeded({70, 33}, 5), 300.0);
+  const Tensor view = transpose(wide, 0, 1);
+  EXPECT_TRUE(
+      same_bytes(fp8_quantize(transpose(wide.to(gpu()), 0, 1), Fp8Format::E4M3FN, 0.37).to(kCPU),
+                 fp8_quantize(view, Fp8Format::E4M3FN, 0.37)))
+      << "a transposed view";
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
     Tensor x = mul(randn_seeded({33, 70}, 4), 300.0).to(dt);
     for (Fp8Format f : {Fp8Format::E4M3FN, Fp8Format::E5M2}) {
       for (double s : {0.37, 1.0, 1e-3}) {
