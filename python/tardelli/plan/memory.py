@@ -72,9 +72,6 @@ def block_activation_bytes(spec, layout, tokens, mode, alloc=None):
 # 2.4% error; the held-out shapes of tests/python/test_plan.py are not among them.
 WS = {"gpt2": (1.5, 0, 2.0), "llama": (1.0, 2.0, 0.0)}
 SELECTIVE_WS = {"gpt2": 0.0, "llama": 1.5}
-# The fraction of a block's linear-output gradients (qkv, proj, MLP in and out) a zb stage
-# holds per deferred W (measured: 0.5 of them, 2-rank llama, docs/planner.md).
-ZB_DY = 0.5
 # Note [MLP backward transient]: the [t, ff/tp] tensors (compute dtype) alive at the peak of
 # activation_linear's backward (src/ops/activation_linear.cpp), besides the saved h. gpt2: the
 # activation's output gradient dm = dy W, and gelu_and_backward's two outputs, gelu(h) and dh.
@@ -82,6 +79,8 @@ ZB_DY = 0.5
 # temporary of the same expression), the gate's and the up half's gradients and their cat
 # ([t, 2 ff]): 7 units.
 MLP_BWD_UNITS = {"gpt2": 3, "llama": 7}
+# The fraction of a block's linear-output gradients a zb stage holds per deferred W.
+ZB_DY = 0.5
 
 
 def block_backward_bytes(spec, layout, tokens):
@@ -225,10 +224,13 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             # whose deferred GEMMs keep their inputs, plus the output gradients they wait for
             # from the end of I). The peak of the sum, less the one micro-batch `mine` counts.
             def act(c):
-                # + the chunk's received input and its sent output, held for its backward.
+                # + the chunk's received input and its sent output, held for its backward (by
+                # fit, docs/planner.md); the first chunk receives nothing and the last sends
+                # nothing (its output is ln_f's input, in post_out).
                 v = c * layout.pp + r
                 return layers[v] * blk + (pre_out if v == 0 else 0) + \
-                    (post_out if v == nv - 1 else 0) + 2 * sc(s * d * tokens)
+                    (post_out if v == nv - 1 else 0) + \
+                    sc(s * d * tokens) * ((v > 0) + (v < nv - 1))
 
             def dys(c):
                 v = c * layout.pp + r
@@ -263,6 +265,14 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             bwd_ws = full_recompute_backward_bytes(spec, layout, tokens, alloc)
         else:
             bwd_ws = block_backward_bytes(spec, layout, tokens)
+        if layout.recompute == "selective":
+            # The fit above is too small where a selective block's backward is the peak (a
+            # pipeline stage holding several micro-batches): at least the incoming gradient and
+            # activation_linear's backward transient (Note [MLP backward transient]) are alive
+            # beside the saved set. (Without recomputation the MLP's saved tensors are freed op
+            # by op as its backward goes, and the fit stands alone.)
+            bwd_ws = max(bwd_ws, sc(s * d * t_res) +
+                         MLP_BWD_UNITS[spec.arch] * sc(s * tokens * spec.ffn_hidden // tp))
         # ZeRO-1/2: the parameter all-gather after the step, two buckets at a time.
         big = sorted(padded, reverse=True)
         zero_ws = sum(sc(4 * p) for p in big[:2]) if layout.zero and padded else 0
