@@ -34,8 +34,16 @@ std::pair<Tensor, Tensor> mlp_activation_and_backward(const Tensor& grad, const 
   if (act == MlpActivation::GeluTanh) return gelu_and_backward(grad, h, GeluApprox::Tanh);
   const int64_t in = h.size(-1) / 2;
   Tensor gate = h.narrow(-1, 0, in), up = h.narrow(-1, in, in);
+  // Note [SwiGLU backward memory]: one [t, ff] buffer at a time. dm x up, silu_backward's
+  // input, dies with its own statement instead of living to the end of the cat (as a temporary
+  // of one big expression would), and the two halves go before act(h) is formed: at the cat
+  // there are s, the two half gradients and the cat, five [t, ff] beside grad and h, not six.
   Tensor s = silu(gate);
-  Tensor gh = cat({silu_backward(mul(grad, up), gate), mul(grad, s)}, -1);
+  Tensor dgate = silu_backward(mul(grad, up), gate);
+  Tensor dup = mul(grad, s);
+  Tensor gh = cat({dgate, dup}, -1);
+  dgate = Tensor();
+  dup = Tensor();
   return {mul(s, up), gh};
 }
 

@@ -101,6 +101,23 @@ TEST(ActivationLinear, DoesNotKeepTheActivation) {
   EXPECT_GE(plain - fused, act_bytes) << "unfused " << plain << " vs fused " << fused;
 }
 
+// Note [SwiGLU backward memory]: the SwiGLU backward's peak above what exists before it (grad
+// and h) is five [rows, ff] fp32 buffers: silu(gate), the two half gradients and their cat.
+// Before, dm x up lived to the end of the cat: six. The bound leaves room for rounding only.
+TEST(ActivationLinear, SwiGLUBackwardPeak) {
+  const int64_t rows = 1024, ff = 256;
+  Tensor h = randn({rows, 2 * ff}), grad = randn({rows, ff});
+  const int64_t unit = rows * ff * 4;
+  empty_cache();
+  const int64_t base = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  auto [m, gh] = mlp_activation_and_backward(grad, h, MlpActivation::SwiGLU);
+  const int64_t peak = memory_stats().peak_bytes - base;
+  EXPECT_LE(peak, 5 * unit + 4096) << "peak " << peak << " bytes, unit " << unit;
+  EXPECT_EQ(gh.size(-1), 2 * ff);
+  EXPECT_EQ(m.size(-1), ff);
+}
+
 // Under deferred weight gradients (zero-bubble pipelines) the input pass leaves dW for later and
 // the deferred closure recomputes the activation: the result equals a plain backward.
 TEST(ActivationLinear, DeferredWeightGradient) {

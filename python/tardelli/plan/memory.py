@@ -75,11 +75,12 @@ SELECTIVE_WS = {"gpt2": 0.0, "llama": 1.5}
 # Note [MLP backward transient]: the [t, ff/tp] tensors (compute dtype) alive at the peak of
 # activation_linear's backward (src/ops/activation_linear.cpp), besides the saved h. gpt2: the
 # activation's output gradient dm = dy W, and gelu_and_backward's two outputs, gelu(h) and dh.
-# llama (SwiGLU, ff the width of one half): dm, silu(gate), dm x up (silu_backward's input, a
-# temporary of the same expression), the gate's and the up half's gradients and their cat
-# ([t, 2 ff]): 7 units.
-MLP_BWD_UNITS = {"gpt2": 3, "llama": 7}
-# The fraction of a block's linear-output gradients a zb stage holds per deferred W.
+# llama (SwiGLU, ff the width of one half): dm, silu(gate), the gate's and the up half's
+# gradients and their cat ([t, 2 ff]): 6 units (Note [SwiGLU backward memory] frees dm x up,
+# silu_backward's input, before the cat; it was a seventh).
+MLP_BWD_UNITS = {"gpt2": 3, "llama": 6}
+# The fraction of a block's linear-output gradients (qkv, proj, MLP in and out) a zb stage
+# holds per deferred W (fitted: 0.5 of them, 2-rank llama, docs/planner.md).
 ZB_DY = 0.5
 
 
