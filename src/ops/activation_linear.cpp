@@ -25,8 +25,13 @@ namespace td {
 
 Tensor mlp_activation(const Tensor& h, MlpActivation act) {
   if (act == MlpActivation::GeluTanh) return gelu(h, GeluApprox::Tanh);
-  const int64_t ff = h.size(-1) / 2;
-  return mul(silu(h.narrow(-1, 0, ff)), h.narrow(-1, ff, ff));
+  TD_CHECK(h.dim() >= 1 && h.size(-1) % 2 == 0, "mlp_activation: SwiGLU needs [..., 2 ff] ",
+           "([gate | up]), got ", describe(h));
+  // One split, not two narrows: h's gradient is formed once, in one [t, 2 ff] buffer, where two
+  // narrows' backwards would each fill their own with zeros and the engine would add the two
+  // (Note [Split backward]; ActivationLinear.RecordedSwiGLUGradientFormedOnce).
+  TensorList gate_up = chunk(h, 2, -1);
+  return mul(silu(gate_up[0]), gate_up[1]);
 }
 
 std::pair<Tensor, Tensor> mlp_activation_and_backward(const Tensor& grad, const Tensor& h,

@@ -118,6 +118,30 @@ TEST(ActivationLinear, SwiGLUBackwardPeak) {
   EXPECT_EQ(m.size(-1), ff);
 }
 
+// mlp_activation, recorded op by op (GPT recompute none), takes gate and up from h through one
+// split (Note [Split backward]), so h's gradient is formed once: [dgate | dup] written into one
+// [rows, 2 ff] buffer. With two narrows, each piece's backward scattered into its own zero-filled
+// [rows, 2 ff] tensor and the engine added the two: the backward's peak above the forward's state
+// (h, grad, m and the saved silu(gate), which MulBackward frees) was 4 [rows, ff] fp32 units,
+// now 3 (the split's buffer beside the two pieces' gradients). The bound leaves room for rounding
+// only. The values are mlp_activation_and_backward's (the same ops on the same operands).
+TEST(ActivationLinear, RecordedSwiGLUGradientFormedOnce) {
+  const int64_t rows = 1024, ff = 256;
+  const int64_t unit = rows * ff * 4;
+  Tensor h0 = randn({rows, 2 * ff}), grad = randn({rows, ff});
+  empty_cache();
+  Tensor h = h0.clone().set_requires_grad(true);
+  Tensor m = mlp_activation(h, MlpActivation::SwiGLU);
+  const int64_t base = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  m.backward(grad);
+  const int64_t peak = memory_stats().peak_bytes - base;
+  EXPECT_LE(peak, 3 * unit + 4096) << "peak " << peak << " bytes, unit " << unit;
+  auto [ref_m, ref_gh] = mlp_activation_and_backward(grad, h0, MlpActivation::SwiGLU);
+  EXPECT_EQ(to_vector<float>(m.detach()), to_vector<float>(ref_m));
+  EXPECT_EQ(to_vector<float>(h.grad()), to_vector<float>(ref_gh));
+}
+
 // Under deferred weight gradients (zero-bubble pipelines) the input pass leaves dW for later and
 // the deferred closure recomputes the activation: the result equals a plain backward.
 TEST(ActivationLinear, DeferredWeightGradient) {
