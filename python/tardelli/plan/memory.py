@@ -69,7 +69,9 @@ def block_activation_bytes(spec, layout, tokens, mode, alloc=None):
 # activation rebuilt inside the backward). gpt2: 16 steps, at most 3.0% error (re-checked on 10
 # steps after the LM head's in-place cross-entropy: within 3.1%). llama: refitted (2026-12-06,
 # AMD EPYC Zen 3) on 8 steps once the head's working set lost its second logits buffer, at most
-# 2.4% error; the held-out shapes of tests/python/test_plan.py are not among them.
+# 2.4% error; the held-out shapes of tests/python/test_plan.py are not among them. llama's
+# `none` MLP backward peaks at MulBackward, before h's gradient is formed: mlp_activation's
+# single split (one [t, 2 ff] buffer, not two zero-padded ones) left those peaks unchanged.
 WS = {"gpt2": (1.5, 0, 2.0), "llama": (1.0, 2.0, 0.0)}
 SELECTIVE_WS = {"gpt2": 0.0, "llama": 1.5}
 # Note [MLP backward transient]: the [t, ff/tp] tensors (compute dtype) alive at the peak of
