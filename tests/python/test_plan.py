@@ -305,6 +305,33 @@ def test_shared_cores_shrink_the_pipeline_bubble():
     assert alone["pipeline_ms"] < shared["pipeline_ms"] < 2 * alone["pipeline_ms"]
 
 
+def test_shared_core_syncs_charge_each_subgroup_collective():
+    """calibrate.py Note [Shared-core syncs]: with 4 ranks on 2 cores every blocking collective
+    of a sub-group (tp 2 inside 4 ranks) costs shared_core_sync_s more. gpt2 tp 2 + sp, per
+    micro-batch: per block 2 all-gathers and 2 reduce-scatters forward, as many backward plus
+    6 small all-reduces of the replicated parameters' gradients (14); the embedding's
+    all-reduce, the loss's 2 and the head input's gradient (4): 14 L + 4 syncs. A group that is
+    the whole world (tp 4) and a job with a core per rank pay nothing extra."""
+    def step(sync, lay, nproc, cores=2):
+        p = toy_profile(cores=cores)
+        if sync:
+            p["shared_core_sync_s"] = sync
+        spec = ModelSpec.from_config(cfg_of(*TINY))
+        return P.evaluate(spec, lay, GBS, profile.Machine(p), nproc)
+    tp2 = Layout(tp=2, dp=2, sequence_parallel=True, micro_batch_size=1, recompute="none")
+    base, slow = step(0, tp2, 4), step(1e-3, tp2, 4)
+    m, L = base["breakdown"]["microbatches"], 4
+    assert slow["step_ms"] - base["step_ms"] == pytest.approx(m * (14 * L + 4) * 1.0, rel=1e-6)
+    tp4 = Layout(tp=4, dp=1, sequence_parallel=True, micro_batch_size=1, recompute="none")
+    assert step(1e-3, tp4, 4)["step_ms"] == pytest.approx(step(0, tp4, 4)["step_ms"], rel=1e-9)
+    assert step(1e-3, tp2, 4, cores=4)["step_ms"] == pytest.approx(
+        step(0, tp2, 4, cores=4)["step_ms"], rel=1e-9)
+    bad = toy_profile()
+    bad["shared_core_sync_s"] = -1
+    with pytest.raises(profile.ProfileError, match="shared_core_sync_s"):
+        profile.Machine(bad)
+
+
 def test_more_data_parallel_ranks_do_not_slow_a_step_without_communication():
     """With free collectives and no core sharing, dp 2 does half the micro-batches of dp 1."""
     p = toy_profile(cores=0)

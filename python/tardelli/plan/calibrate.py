@@ -11,6 +11,8 @@ What it measures, each in a fresh process with the OpenMP threads a rank of an N
     tardelli.launch, as the trainer runs them: with the cross-rank consistency check), fitted
     to alpha + beta x bytes by least squares on relative error;
   - how much of an async all_reduce hides behind GEMMs (the overlap fraction);
+  - where ranks outnumber the cores, what a sub-group's collective costs while the other ranks
+    compute (Note [Shared-core syncs]);
   - the train CLI's per-step overhead (a 1-layer, d 32 model) at 1, 2 and 4 ranks.
 """
 import json
@@ -176,9 +178,49 @@ def worker_comm():
         h.wait()
     t_comp, t_both = timed(comp), timed(both)
     overlap = (t_comm + t_comp - t_both) / min(t_comm, t_comp)
+    out = {"ranks": n, "samples": res, "overlap": overlap}
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // n))
+    if n % 2 == 0 and n * threads > (os.cpu_count() or 1):
+        out["shared_core_sync_s"] = shared_core_sync(w, dist, td, timed)
     if me == 0:
-        print(json.dumps({"ranks": n, "samples": res, "overlap": overlap}))
+        print(json.dumps(out))
     dist.destroy()
+
+
+# Note [Shared-core syncs]: when ranks outnumber the cores, a collective of a sub-group (tp 2
+# inside 4 ranks) waits for its peer to be scheduled while the other ranks compute: a cost that
+# neither the collectives' fits (measured in jobs of the group's own size) nor the shared compute
+# speed contains. Measured here as tensor parallelism meets it: rank pairs run about 2 ms of
+# GEMMs (at the shared speed) and then a 16 KiB all_reduce within the pair, against the same
+# loop without the all_reduce (medians of 5); calibrate() subtracts the 2-rank fit of that
+# all_reduce, which the step model already charges. On 2 cores with 4 ranks (2026-12-06, quiet
+# machine, three calibrations): 0.20-0.25 ms per synchronization beyond the 2-rank fit, whose
+# alpha is 6-11 us: the peer runs only when the scheduler next gives it a core.
+SYNC_PROBE_BYTES = 16384
+
+
+def shared_core_sync(w, dist, td, timed):
+    """Seconds a pair all_reduce of SYNC_PROBE_BYTES adds to ~2 ms of compute on each rank,
+    with every pair doing the same (Note [Shared-core syncs])."""
+    me = w.rank
+    pair = dist.new_group([me - me % 2, me - me % 2 + 1])
+    x = td.zeros(SYNC_PROBE_BYTES // 4)
+    a, b = td.randn(256, 256), td.randn(256, 256)
+    one = timed(lambda: td.matmul(a, b))
+    reps = max(1, int(2e-3 / max(one, 1e-6)))
+
+    def chunk():
+        for _ in range(reps):
+            td.matmul(a, b)
+
+    def chunk_sync():
+        chunk()
+        dist.all_reduce(x, group=pair)
+    plain, synced = [], []
+    for _ in range(5):
+        plain.append(timed(chunk))
+        synced.append(timed(chunk_sync))
+    return statistics.median(synced) - statistics.median(plain)
 
 
 SPLIT_BYTES = 1 << 18
@@ -320,7 +362,7 @@ def calibrate(out, nprocs=(1, 2, 4), log=print, clock="wall"):
         blk.append({a: r[f"block_overhead_s_{a}"] for a in ("gpt2", "llama")})
     prof["op_overhead_s"] = min(ovh)
     prof["block_overhead_s"] = {a: min(b[a] for b in blk) for a in ("gpt2", "llama")}
-    overlaps = []
+    overlaps, shared = [], None
     for n in [n for n in nprocs if n > 1]:
         log(f"calibrate: collectives on {n} ranks")
         r = _run_json([sys.executable, "-m", "tardelli.launch", "--nproc", str(n), "-m",
@@ -328,7 +370,14 @@ def calibrate(out, nprocs=(1, 2, 4), log=print, clock="wall"):
         for op, samples in r["samples"].items():
             prof["collectives"].setdefault(op, {})[str(n)] = fit_regimes(samples)
         overlaps.append(r["overlap"])
+        if "shared_core_sync_s" in r:
+            shared = r["shared_core_sync_s"]
     prof["overlap"] = min(1.0, max(0.0, statistics.median(overlaps))) if overlaps else 0.0
+    if shared is not None and "2" in prof["collectives"].get("all_reduce", {}):
+        # Less what the model charges the all_reduce anyway (its 2-rank fit).
+        fit = prof["collectives"]["all_reduce"]["2"]
+        base = fit["alpha_s"] + fit["beta_s_per_byte"] * SYNC_PROBE_BYTES
+        prof["shared_core_sync_s"] = max(0.0, shared - base)
     for n in nprocs:
         log(f"calibrate: train step overhead on {n} rank(s)")
         prof["step_overhead_s"][str(n)] = step_overhead_cpu(_env(1)) if clock == "cpu" else \

@@ -156,6 +156,15 @@ class StepModel:
         span = bool(rpn) and group > 1 and (group - 1) * stride + 1 > rpn
         return self.m.collective_seconds(op, nbytes, group, span_nodes=span)
 
+    def _sync(self, op, nbytes, group, stride=1):
+        """_coll plus, when ranks outnumber the cores and `group` is not the whole world, the
+        wait for a peer that shares a core with a rank still computing (calibrate.py Note
+        [Shared-core syncs]); a world-wide group's fits were measured in that state already."""
+        t = self._coll(op, nbytes, group, stride)
+        if self.slow > 1 and 1 < group < self.nproc:
+            t += self.m.p.get("shared_core_sync_s", 0.0)
+        return t
+
     def block_comm(self, layout, tokens, moe=False):
         """(forward, backward) seconds of one block's tp/sp, cp and ep communication."""
         spec, s, tp = self.spec, self.spec.dtype_bytes, layout.tp
@@ -163,33 +172,33 @@ class StepModel:
         f = b = 0.0
         if tp > 1:
             if layout.sequence_parallel:
-                one = self._coll("all_gather", act, tp) + self._coll("reduce_scatter", act, tp)
+                one = self._sync("all_gather", act, tp) + self._sync("reduce_scatter", act, tp)
                 f += 2 * one
                 b += 2 * one
                 # Replicated parameters on split activations: their gradients are all-reduced
                 # per micro-batch (norm weights and biases, row biases).
-                b += (6 if spec.arch == "gpt2" else 2) * self._coll("all_reduce", 4 * spec.d_model,
+                b += (6 if spec.arch == "gpt2" else 2) * self._sync("all_reduce", 4 * spec.d_model,
                                                                     tp)
             else:
-                f += 2 * self._coll("all_reduce", act, tp)
-                b += 2 * self._coll("all_reduce", act, tp)
+                f += 2 * self._sync("all_reduce", act, tp)
+                b += 2 * self._sync("all_reduce", act, tp)
         if layout.cp > 1:
             K = spec.kv_heads * spec.head_dim // tp
             if layout.cp_comm == "ring":
                 kv = 2 * s * tokens * K
                 st = layout.cp * tp  # the ring's wrap-around hop spans the whole cp group
-                f += (layout.cp - 1) * self._coll("send_recv", kv, 2, st)
-                b += (layout.cp - 1) * self._coll("send_recv", kv + 2 * kv * 4 // s, 2, st) + \
-                    self._coll("send_recv", 2 * 4 * tokens * K, 2, st)
+                f += (layout.cp - 1) * self._sync("send_recv", kv, 2, st)
+                b += (layout.cp - 1) * self._sync("send_recv", kv + 2 * kv * 4 // s, 2, st) + \
+                    self._sync("send_recv", 2 * 4 * tokens * K, 2, st)
             else:
                 qkv_out = s * tokens * (2 * spec.d_model + 2 * K * tp) // tp
-                f += self._coll("all_to_all", qkv_out, layout.cp, tp)
-                b += self._coll("all_to_all", qkv_out, layout.cp, tp)
+                f += self._sync("all_to_all", qkv_out, layout.cp, tp)
+                b += self._sync("all_to_all", qkv_out, layout.cp, tp)
         if moe and layout.ep > 1:
             disp = s * tokens * spec.moe_top_k * spec.d_model
             st = tp * layout.cp
-            f += 2 * self._coll("all_to_all", disp, layout.ep, st)
-            b += 2 * self._coll("all_to_all", disp, layout.ep, st)
+            f += 2 * self._sync("all_to_all", disp, layout.ep, st)
+            b += 2 * self._sync("all_to_all", disp, layout.ep, st)
         hidden = 1.0 - self.m.p.get("tp_comm_overlap", 0.0)
         return f * hidden, b * hidden
 
@@ -233,7 +242,7 @@ class StepModel:
                     F += ef
                     BI += eb
                     if layout.tp > 1:
-                        comm_f += self._coll("all_reduce", spec.dtype_bytes * tokens *
+                        comm_f += self._sync("all_reduce", spec.dtype_bytes * tokens *
                                              spec.d_model, layout.tp)
                 if v == nv - 1:
                     hf, hb = self.head_times(layout, tokens)
@@ -243,8 +252,8 @@ class StepModel:
                     if layout.tp > 1:
                         # The loss's two small all-reduces per chunk and the replicated input's
                         # gradient all-reduce (copy_to_region).
-                        comm_f += 2 * self._coll("all_reduce", 8 * tokens, layout.tp)
-                        comm_b += self._coll("all_reduce", spec.dtype_bytes * tokens *
+                        comm_f += 2 * self._sync("all_reduce", 8 * tokens, layout.tp)
+                        comm_b += self._sync("all_reduce", spec.dtype_bytes * tokens *
                                              spec.d_model, layout.tp)
             BI += sel
             comp["recompute"] += sel

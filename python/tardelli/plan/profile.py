@@ -28,6 +28,9 @@ profile never silently falls back to a default.
                      "beta_large_s_per_byte": 6e-10}}, ...},
      "inter_node": {...same shape as collectives...},
      "overlap": 0.8,                 # fraction of an async collective hidden behind compute
+     "shared_core_sync_s": 3e-4,     # optional: extra seconds of a sub-group's blocking
+                                     # collective when ranks outnumber the cores (calibrate.py
+                                     # Note [Shared-core syncs]; 0 when absent)
      "allocator": "td_cpu",          # td_cpu: size classes of src/core/allocator.cpp;
                                      # cuda_caching: 512-byte rounding, plus "slack"
      "memory_slack": 0.0,            # fraction added to predicted peaks (fragmentation)
@@ -116,7 +119,7 @@ def validate(p):
                               "allocator", "memory_bytes"),
                ("hardware", "ranks_per_node", "inter_node", "memory_slack", "measured",
                 "notes", "tp_comm_overlap", "dp_overlap_with_pp", "probes",
-                "param_gather_bytes"))
+                "param_gather_bytes", "shared_core_sync_s"))
     if p["version"] != 1:
         raise ProfileError(f"profile.version: expected 1, got {p['version']!r}")
     if not isinstance(p["name"], str):
@@ -165,6 +168,9 @@ def validate(p):
     if not _num(p.get("tp_comm_overlap", 0)) or not 0 <= p.get("tp_comm_overlap", 0) <= 1:
         raise ProfileError(f"profile.tp_comm_overlap: expected a fraction in [0, 1], got "
                            f"{p['tp_comm_overlap']!r}")
+    if not _num(p.get("shared_core_sync_s", 0)) or p.get("shared_core_sync_s", 0) < 0:
+        raise ProfileError(f"profile.shared_core_sync_s: expected seconds >= 0, got "
+                           f"{p['shared_core_sync_s']!r}")
     if p.get("param_gather_bytes", 4) not in (2, 4):
         raise ProfileError(f"profile.param_gather_bytes: expected 2 or 4, got "
                            f"{p['param_gather_bytes']!r}")
