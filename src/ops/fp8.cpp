@@ -108,7 +108,8 @@ Tensor fp8_scaled_mm(const Tensor& a, double a_scale, const Tensor& b, double b_
 double amax(const Tensor& x) {
   if (!x.defined() || x.numel() == 0) return 0.0;
   autograd::NoGradGuard ng;
-  return max(abs(x.to(DType::Float32))).item<double>();
+  // |x| and the max are exact in x's own dtype: no fp32 copy (one pass fewer on a GPU).
+  return max(abs(x)).item<double>();
 }
 
 // Note [FP8 scaling].

@@ -133,6 +133,20 @@ TEST(Fp8Ops, LinearForwardAndBackwardAreTheQuantizedProducts) {
   EXPECT_EQ(st.grad.scale(), sg);
 }
 
+// Property: amax is max |x| in x's own dtype, the same value as in fp32 (abs and max are
+// exact), NaN when x holds a NaN, 0 for an empty tensor.
+TEST(Fp8Ops, AmaxIsExactInEveryDtype) {
+  Tensor x = mul(td::test::randn_seeded({301}, 8), 7.0);
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    Tensor y = x.to(dt);
+    EXPECT_EQ(amax(y), amax(y.to(DType::Float32))) << dtype_name(dt);
+    Tensor n = y.clone();
+    n.narrow(0, 100, 1).fill_(NAN);
+    EXPECT_TRUE(std::isnan(amax(n))) << dtype_name(dt);
+  }
+  EXPECT_EQ(amax(Tensor::empty({0}, DType::BFloat16)), 0.0);
+}
+
 TEST(Fp8Ops, DelayedAndCurrentScaling) {
   Fp8Scaling d(Fp8Format::E4M3FN, /*history=*/3, /*margin=*/1.0);
   EXPECT_EQ(d.scale(), 1.0);
