@@ -224,10 +224,11 @@ def test_full_recomputation_peak_with_accumulation(tmp_path, arch):
 @pytest.mark.parametrize("layout_flags", [
     "--tp 2 --pp 1 --cp 1 --sequence-parallel --micro-batch-size 2 --zero 0 --recompute selective",
     "--tp 1 --pp 2 --cp 1 --schedule 1f1b --micro-batch-size 1 --zero 0 --recompute selective",
+    "--tp 1 --pp 2 --cp 1 --schedule zb --micro-batch-size 1 --zero 0 --recompute none",
     "--tp 1 --pp 1 --cp 1 --micro-batch-size 2 --zero 2 --recompute full"])
 def test_predicted_peak_matches_two_rank_runs(tmp_path, layout_flags):
-    """Two-rank layouts (tensor + sequence parallel, a 1F1B pipeline, ZeRO-2 with full
-    recomputation): the predicted peak of the most loaded rank is within 3% of the measured
+    """Two-rank layouts (tensor + sequence parallel, a 1F1B and a zero-bubble pipeline (Note
+    [Zero-bubble memory]), ZeRO-2 with full recomputation): the predicted peak of the most loaded rank is within 3% of the measured
     `peak_mem_bytes_max_rank`."""
     model = ["--arch", "gpt2", "--layers", "2", "--d-model", "128", "--heads", "4",
              "--seq-len", "64", "--vocab-size", "1024"]

@@ -81,9 +81,6 @@ SELECTIVE_WS = {"gpt2": 0.0, "llama": 1.5}
 # gradients and their cat ([t, 2 ff]): 6 units (Note [SwiGLU backward memory] frees dm x up,
 # silu_backward's input, before the cat; it was a seventh).
 MLP_BWD_UNITS = {"gpt2": 3, "llama": 6}
-# The fraction of a block's linear-output gradients (qkv, proj, MLP in and out) a zb stage
-# holds per deferred W (fitted: 0.5 of them, 2-rank llama, docs/planner.md).
-ZB_DY = 0.5
 
 
 def block_backward_bytes(spec, layout, tokens):
@@ -181,6 +178,84 @@ def _states(spec, layout, named, alloc, single_process):
     return params, grads, opt, bufs, padded
 
 
+def _zb_phases(spec, layout, tokens, alloc, layers, r, actions, blk, pre_out, post_out,
+               head_ws, bwd_ws, states):
+    """The phases of pp rank r under the zero-bubble schedule, from a replay of its actions
+    (Note [Zero-bubble memory], docs/planner.md): {phase: bytes}, `states` included.
+
+    Derived from src/parallel/pipeline_runtime.cpp and src/autograd/weight_grad_store.cpp: an
+    I pass is backward_input() with retain_graph, so nothing it runs frees its saved tensors;
+    when the stage drops the graph's roots, what the deferred dW closures hold survives to the
+    end of W: each GEMM's saved input X, which keeps its grad_fn and so every node upstream
+    (every saved tensor of the chunk but the last block's MLP output, and under full
+    recomputation each block's recomputed graph), and each GEMM's output gradient dY. Every
+    sent tensor (a chunk's output, an input gradient) stays in the runtime's pending sends to
+    the step's end."""
+    sc = lambda b: size_class(b, alloc)  # noqa: E731
+    s, d, tp = spec.dtype_bytes, spec.d_model, layout.tp
+    t_res = tokens // tp if layout.sequence_parallel else tokens
+    nv = len(layers)
+    qkv = (d + 2 * spec.kv_heads * spec.head_dim) // tp
+    ff = spec.ffn_hidden // tp
+    ffu = ff * (1 if spec.arch == "gpt2" else 2)
+    V = spec.padded_vocab(tp, layout.cp) // tp
+    # The output gradient of each linear, kept by its deferred dW: qkv's, the MLP input's and
+    # the two residual-sized ones (the attention projection's and the MLP output's).
+    dy_blk = sc(s * tokens * qkv) + sc(s * tokens * ffu) + 2 * sc(s * d * tokens)
+    # Under full recomputation the recomputed forward's graph is retained by the deferred GEMMs:
+    # its saved set (the selective one) less the block input, which the checkpoint keeps.
+    rec_blk = 0
+    if layout.recompute == "full":
+        rec_blk = block_activation_bytes(spec, layout, tokens, "selective", alloc) - \
+            sc(s * d * t_res)
+        if tp > 1 and spec.arch == "gpt2":
+            rec_blk += 2 * sc(s * d * t_res)
+    # A W pass: the largest fp32 weight gradient being formed; a recomputed MLP activation.
+    w_ws = sc(4 * d * max(qkv, ffu, d))
+    if layout.recompute != "none":
+        w_ws += sc(s * tokens * ff)
+    res = sc(s * d * t_res)
+    # The MLP's input-gradient transient: gpt2 dm and dh, llama (separate SiLU and product)
+    # the gate's and the up half's gradients and their cat; under recomputation
+    # activation_linear's (Note [MLP backward transient]).
+    units = MLP_BWD_UNITS[spec.arch] if layout.recompute != "none" else \
+        {"gpt2": 2, "llama": 4}[spec.arch]
+    mlp_i = units * sc(s * tokens * ff)
+    cur = sends = 0
+    peaks = {"forward": 0, "head_backward": 0, "backward_first": 0, "weight_backward": 0}
+    for kind, _, c, _, _ in actions:
+        v = c * layout.pp + r
+        last = v == nv - 1
+        kept = layers[v] * blk + (pre_out if v == 0 else 0) + (sc(s * d * t_res) if v else 0)
+        dy = layers[v] * dy_blk
+        if kind == "F":
+            cur += kept + (post_out if last else 0)
+            sends += sc(s * d * t_res) if not last else 0
+            peaks["forward"] = max(peaks["forward"], cur + sends + (head_ws if last else 0))
+            if last:
+                peaks["head_backward"] = max(peaks["head_backward"], cur + sends +
+                                             sc(s * d * tokens) + sc(4 * V * d))
+        elif kind == "I":
+            # Nothing is freed inside an I pass (it retains the graph): its peak is at its end,
+            # every output gradient formed, with the first block's input gradient being summed
+            # (qkv's dX, the norm's, their sum: the gradient sent back), or, if larger, inside
+            # the last block's MLP backward.
+            end = dy + layers[v] * rec_blk + 3 * res
+            mlp = (layers[v] - 1) * (dy_blk + rec_blk) + rec_blk + res + mlp_i
+            peaks["backward_first"] = max(peaks["backward_first"], cur + sends + max(end, mlp))
+            # Then the graph is dropped but for what the deferred GEMMs hold: the head's saved
+            # tensors and the last block's MLP output go.
+            cur += dy + layers[v] * rec_blk - (post_out if last else 0) - res
+            sends += res if v else 0
+        elif kind == "W":
+            peaks["weight_backward"] = max(peaks["weight_backward"], cur + sends + w_ws)
+            # The deferred closures (and with them the retained graph) go when W ends.
+            cur -= kept - res + dy + layers[v] * rec_blk
+    out = {k: states + v for k, v in peaks.items()}
+    out["backward_last"] = out["backward_first"]
+    return out
+
+
 def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
     """(peak bytes of the most loaded rank, breakdown dict of that rank). `timeline`: with
     pp > 1, the schedule's simulated timeline (SimResult.timeline: per rank, (kind, micro-batch,
@@ -221,11 +296,11 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
         post_out = sc(s * d * tokens) + sc(4 * V * d) + sc(s * d * t_res) if post else 0
         mine = n_blocks * blk + pre_out + post_out  # one micro-batch through all my chunks
         other = 0
-        if timeline is not None:
+        zb_timeline = timeline[r] if timeline is not None and layout.schedule == "zb" else None
+        if timeline is not None and zb_timeline is None:
             # Replay this rank's simulated schedule: a (micro-batch, chunk) holds its chunk's
-            # activations from the end of its F to the end of its backward (zb: of its W,
-            # whose deferred GEMMs keep their inputs, plus the output gradients they wait for
-            # from the end of I). The peak of the sum, less the one micro-batch `mine` counts.
+            # activations from the end of its F to the end of its backward. The peak of the
+            # sum, less the one micro-batch `mine` counts. (zb: _zb_phases.)
             def act(c):
                 # + the chunk's received input and its sent output, held for its backward (by
                 # fit, docs/planner.md); the first chunk receives nothing and the last sends
@@ -235,21 +310,12 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
                     (post_out if v == nv - 1 else 0) + \
                     sc(s * d * tokens) * ((v > 0) + (v < nv - 1))
 
-            def dys(c):
-                v = c * layout.pp + r
-                qkv = (spec.d_model + 2 * spec.kv_heads * spec.head_dim) // tp
-                ffu = spec.ffn_hidden // tp * (1 if spec.arch == "gpt2" else 2)
-                return layers[v] * s * tokens * (qkv + ffu + 2 * d) * ZB_DY
             ev = []
             for kind, _, c, t0, t1 in timeline[r]:
                 if kind == "F":
                     ev.append((t1, act(c)))
                 elif kind == "B":
                     ev.append((t1, -act(c)))
-                elif kind == "I":
-                    ev.append((t1, dys(c)))
-                elif kind == "W":
-                    ev.append((t1, -act(c) - dys(c)))
             cur = peak_held = 0
             for _, delta in sorted(ev, key=lambda e: (e[0], e[1] < 0)):
                 cur += delta
@@ -340,6 +406,10 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             zero3_bwd,
             "optimizer": base + grads + (zero_ws if layout.zero in (1, 2) else 0),
         }
+        if zb_timeline is not None:
+            phases.update(_zb_phases(spec, layout, tokens, alloc, layers, r, zb_timeline, blk,
+                                     pre_out, post_out, head_ws, bwd_ws,
+                                     base + z3_head + grads))
         phase = max(phases, key=phases.get)
         peak = phases[phase]
         bd = {"rank_pp": r, "params": params, "grads": grads, "optimizer": opt,
