@@ -189,20 +189,15 @@ Fp8Counts fp8_count(const Tensor& x, Fp8Format format, double scale) {
   Fp8Counts c;
   if (!x.defined() || x.numel() == 0) return c;
   autograd::NoGradGuard ng;
-  const std::vector<float> v = to_vector<float>(x);
-  // |x s| above the largest finite value saturates; at or below half the smallest subnormal it
-  // rounds to zero (ties to even: the tie goes to 0).
+  // |x s| (the fp32 product fp8_quantize rounds) above the largest finite value saturates; at or
+  // below half the smallest subnormal it rounds to zero (ties to even: the tie goes to 0). Two
+  // counting reductions on x's device (NaN is in neither).
   const double hi = fp8_max(format);
   const double lo = format == Fp8Format::E4M3FN ? std::ldexp(1.0, -10) : std::ldexp(1.0, -17);
-  c.values = static_cast<int64_t>(v.size());
-  for (float f : v) {
-    const double a = std::fabs(static_cast<double>(f) * scale);
-    if (a > hi) {
-      ++c.overflow;
-    } else if (a > 0 && a <= lo) {
-      ++c.underflow;
-    }
-  }
+  const Tensor a = abs(mul(x.detach().to(DType::Float32), scale));
+  c.values = x.numel();
+  c.overflow = sum(gt(a, hi)).item<int64_t>();
+  c.underflow = sum(le(a, lo)).item<int64_t>() - sum(eq(a, 0.0)).item<int64_t>();
   return c;
 }
 

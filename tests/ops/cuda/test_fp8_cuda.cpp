@@ -94,6 +94,21 @@ TEST(Fp8Cuda, QuantizeMatchesCpuBitwise) {
   }
 }
 
+// Property: the adaptive policy's statistics (fp8_count: saturated and flushed values) are
+// counted on the GPU exactly as on the CPU (the same fp32 products and comparisons).
+TEST(Fp8Cuda, CountsMatchCpu) {
+  TD_REQUIRE_CUDA();
+  Tensor x = mul(randn_seeded({64, 97}, 6), 50.0);
+  for (Fp8Format f : {Fp8Format::E4M3FN, Fp8Format::E5M2}) {
+    for (double s : {1e-4, 0.5, 30.0}) {
+      const Fp8Counts c = fp8_count(x, f, s), g = fp8_count(x.to(gpu()), f, s);
+      EXPECT_EQ(g.values, c.values);
+      EXPECT_EQ(g.overflow, c.overflow) << fp8_format_name(f) << " scale " << s;
+      EXPECT_EQ(g.underflow, c.underflow) << fp8_format_name(f) << " scale " << s;
+    }
+  }
+}
+
 // Property: fp8_scaled_mm on the GPU equals the CPU's product of the dequantized operands within
 // Note [FP8 GEMM tolerances], for the formats cuBLASLt takes (e4m3 x e4m3, e4m3 x e5m2 and
 // e5m2 x e4m3) and e5m2 x e5m2 (the fallback), fp32 and bf16 outputs, with no bias, a bias of
