@@ -484,5 +484,26 @@ def test_megatron_table_predictions_are_finite():
         assert 0.05 < r["predicted_mfu"] < 0.95, r
 
 
+def test_megatron_memory_accounting():
+    """Note [Megatron's memory]: on a tiny GPT (hand arithmetic) the states are 2 + 4 + 12 / dp
+    bytes per parameter of the first rank (its blocks and the tp-split embedding) and the
+    activations 34 s h / tp per held layer and micro-batch (selective) or 2 s h / tp plus one
+    rebuilt chunk (full); in the table only 175B on 96 GPUs needs full recomputation."""
+    from tardelli.plan import megatron
+    spec = ModelSpec("gpt2", 8, 64, 4, 4, 256, 32, 1000, "bf16")
+    L, h, s, V = 8, 64, 32, 1000
+    params = (spec.total_params() - V * h) / (2 * 2) + V * h / 2
+    st, act = megatron.megatron_memory(spec, 16, 2, 2, 1, 32, "selective")   # dp 4, m 8
+    assert st == pytest.approx(params * (2 + 4 + 12 / 4))
+    assert act == pytest.approx(2 * (L // 2) * 34 * s * h / 2)   # min(m, pp) = 2 micro-batches
+    _, full = megatron.megatron_memory(spec, 16, 2, 2, 2, 32, "full")      # interleaved, vpp 2
+    held = min(8 * 2, (2 - 1) * 2 + (2 - 1) * 2 + 1) * (L // 4)
+    assert full == pytest.approx(held * 2 * s * h / 2 + (L // 4) * 34 * s * h / 2)
+    rows = {r["model"]: r for r in megatron.table()}
+    for name, r in rows.items():
+        assert r["megatron_memory_gb"] * 1e9 <= megatron.HBM_BYTES, r
+        assert ("--recompute full" in r["flags"]) == (name == "175B @ 96 GPUs"), r
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([os.path.abspath(__file__), "-q"]))
