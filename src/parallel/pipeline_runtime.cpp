@@ -13,6 +13,7 @@
 
 #include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/grad_mode.h"
+#include "tardelli/autograd/node.h"
 #include "tardelli/autograd/weight_grad_store.h"
 #include "tardelli/core/error.h"
 #include "tardelli/ops/factory.h"
@@ -54,6 +55,27 @@ struct Stashed {
   Tensor input;
   TensorList roots;
 };
+
+// Note [Sent tensors]: a send reads its tensor until it has completed, and nothing after: the
+// runtime polls its sends before each action's compute (reap_sends: Work::is_completed, then
+// wait(), which returns at once and rethrows a failure) and drops the completed ones; the rest
+// are waited for at the step's end with the communicator's timeout, as before. (Megatron's p2p
+// communication likewise drops a send's buffer when its request completes.)
+// A forward's sent output is also a root of its backward, which reads only the root's shape
+// (autograd::backward checks the incoming gradient against it) and its grad_fn, never its
+// data: the data's one reader was the send. So once the send has completed the output's bytes
+// go back to the allocator (Storage::release, Note [Released storage]), Megatron's
+// deallocate_output_tensor. Only when the stashed root is the sole handle to its tensor and
+// to its storage (autograd::is_sole_buffer): a node that saved the output, or a view of it,
+// would hold another handle, and the bytes then stay (none does today: a stage ends with the
+// residual add, whose backward saves nothing). Were a released output ever read, it would be
+// a td::Error naming it, never stale data. Freed: up to one [t, d] per micro-batch a rank has
+// sent forward and not yet backpropagated, and every input gradient it sent, which before
+// were held to the step's end (wait_sends).
+void release_sent_output(Stashed& st) {
+  Tensor& out = st.roots[0];
+  if (autograd::is_sole_buffer(out)) out.storage().release();
+}
 
 }  // namespace
 
@@ -146,15 +168,28 @@ Tensor PipelineRuntime::recv(int direction, int mb, int stage, int src) {
   return t;
 }
 
-void PipelineRuntime::send(const Tensor& t, int direction, int mb, int stage, int dst) {
+void PipelineRuntime::send(const Tensor& t, int direction, int mb, int stage, int dst,
+                           std::pair<int, int> key) {
   Tensor c = t.contiguous();
   dist::WorkPtr work =
       pp_group_->send(c, dst, message_tag(direction, mb, stage, stages_), /*async_op=*/true);
-  pending_.emplace_back(std::move(c), std::move(work));
+  pending_.push_back({std::move(c), std::move(work), key});
+}
+
+std::vector<std::pair<int, int>> PipelineRuntime::reap_sends() {
+  std::vector<std::pair<int, int>> outputs;
+  auto done = std::stable_partition(pending_.begin(), pending_.end(),
+                                    [](PendingSend& p) { return !p.work->is_completed(); });
+  for (auto it = done; it != pending_.end(); ++it) {
+    it->work->wait();  // completed: returns at once, or rethrows the send's failure
+    if (it->key.first >= 0) outputs.push_back(it->key);
+  }
+  pending_.erase(done, pending_.end());
+  return outputs;
 }
 
 void PipelineRuntime::wait_sends() {
-  for (auto& [t, work] : pending_) work->wait();
+  for (PendingSend& p : pending_) p.work->wait();
   pending_.clear();
 }
 
@@ -177,7 +212,14 @@ double PipelineRuntime::step(const std::vector<MicroBatch>& batches, double loss
     models::GPT& chunk = *chunks_[a.chunk];
     const std::pair<int, int> key{mb, a.chunk};
     // Receives happen before the action's clock starts: waiting for a neighbour is bubble, not
-    // work (the timeline holds compute only).
+    // work (the timeline holds compute only). Completed sends are reaped after the receive,
+    // before the compute allocates (Note [Sent tensors]).
+    const auto reap = [&] {
+      for (const auto& k : reap_sends()) {
+        auto it = stash.find(k);
+        if (it != stash.end()) release_sent_output(it->second);
+      }
+    };
     double a0 = 0.0;
     switch (a.kind) {
       case ActionKind::Forward: {
@@ -190,16 +232,19 @@ double PipelineRuntime::step(const std::vector<MicroBatch>& batches, double loss
           input = recv(kForward, mb, s, holder(s - 1));
           input.set_requires_grad(true);
         }
+        reap();
         const Tensor target = is_last(s) ? batches[mb].target : Tensor();
         TD_CHECK(!is_last(s) || target.defined(), "pipeline: micro-batch ", mb,
                  " has no target (the last stage computes the loss)");
         a0 = wall_seconds();
         Tensor out = chunk.forward_stage(input, target);
-        TensorList roots{out};
+        TensorList roots;
+        roots.reserve(2);  // the output, and a headless stage's MoE loss terms
+        roots.push_back(out);
         if (is_last(s)) {
           losses.push_back(out.item_double());
         } else {
-          send(out.detach(), kForward, mb, s + 1, holder(s + 1));
+          send(out.detach(), kForward, mb, s + 1, holder(s + 1), key);
           // A stage's MoE loss terms are backpropagated with its output, seeded like the loss
           // (Note [MoE losses of a pipeline stage] in src/models/gpt.cpp).
           Tensor aux = chunk.take_moe_loss();
@@ -217,6 +262,7 @@ double PipelineRuntime::step(const std::vector<MicroBatch>& batches, double loss
         stash.erase(it);
         TensorList grads(st.roots.size(), scale);
         if (!is_last(s)) grads[0] = recv(kBackward, mb, s, holder(s + 1));
+        reap();
         a0 = wall_seconds();
         if (a.kind == ActionKind::Backward) {
           autograd::backward(st.roots, grads, /*retain_graph=*/false, /*create_graph=*/false);
@@ -235,6 +281,7 @@ double PipelineRuntime::step(const std::vector<MicroBatch>& batches, double loss
         auto it = deferred.find(key);
         TD_CHECK(it != deferred.end(), "pipeline: rank ", rank_, " runs ", to_string(a),
                  " before its input-gradient backward");
+        reap();
         a0 = wall_seconds();
         it->second.run();
         deferred.erase(it);
@@ -263,6 +310,7 @@ double PipelineRuntime::forward_only(const std::vector<MicroBatch>& batches) {
         if (holder(s) != rank_) continue;
         models::GPT& chunk = *chunks_[chunk_of_stage(s, pp_)];
         const Tensor input = s == 0 ? batches[i].input : recv(kForwardOnly, mb, s, holder(s - 1));
+        reap_sends();
         TD_CHECK(input.defined(), "pipeline: micro-batch ", mb,
                  " has no input (the first stage embeds its token ids)");
         const Tensor target = is_last(s) ? batches[i].target : Tensor();

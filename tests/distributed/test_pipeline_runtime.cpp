@@ -40,6 +40,7 @@
 
 #include "tardelli/autograd/engine.h"
 #include "tardelli/autograd/grad_mode.h"
+#include "tardelli/core/allocator.h"
 #include "tardelli/core/error.h"
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/data_parallel.h"
@@ -390,6 +391,40 @@ TEST(PipelineRuntime, MixtureOfExperts) {
     for (const auto& ch : run.chunks) ASSERT_GT(ch->moe_stats().layers.size(), 0u);
     const double worst = expect_grads(run, ref, {}, tag);
     report(tag, "grads max rel", worst);
+  }
+}
+
+// Property (Note [Sent tensors] in src/parallel/pipeline_runtime.cpp): a rank frees what it
+// sent once the send has completed, and a sent output's data before its backward, so under
+// 1f1b, zb and interleaved (whose in-flight micro-batches are bounded by pp, not m) the peak
+// does not grow with the number of micro-batches (from 2 pp on, where interleaved's warm-up is
+// whole). Before, every sent output and input gradient was held to the step's end: 5 pp
+// micro-batches peaked 3 pp [t, d] above 2 pp on the end ranks (6 pp on the middle ones). A
+// send whose receiver has not posted its receive yet stays until a later action (timing; with
+// 4 ranks on 2 cores a receiver can be a few actions behind): pp [t, d] of slack.
+TEST(PipelineRuntime, SentTensorsDoNotAccumulate) {
+  const int pp = world()->size();
+  const ProcessGrid grid(world(), ParallelDims{.pp = pp});
+  const int64_t td_bytes = kMicro * kSeq * 16 * 4;  // one [t, d] fp32 (tiny: d_model 16)
+  for (ScheduleKind kind :
+       {ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1, ScheduleKind::Interleaved}) {
+    const int vpp = kind == ScheduleKind::Interleaved ? 2 : 1;
+    const GPTConfig cfg = tiny(Arch::Llama, pp * vpp);
+    auto chunks = build_pipeline_stages(cfg, grid.coords().pp, pp, vpp);
+    // The peak of one step above what was alive before it; the first step makes the .grad.
+    const auto peak = [&](int m) {
+      PipelineRuntime pipe(chunks, grid, kind, m, kMicro, kSeq);
+      const std::vector<MicroBatch> batches = make_batches(m, 11);
+      pipe.step(batches);
+      const int64_t base = memory_stats().current_bytes;
+      reset_peak_memory_stats();
+      pipe.step(batches);
+      return memory_stats().peak_bytes - base;
+    };
+    const int64_t few = peak(2 * pp), many = peak(5 * pp);
+    EXPECT_LE(many - few, pp * td_bytes)
+        << to_string(kind) << " rank " << world()->rank() << ": " << many << " bytes with "
+        << 5 * pp << " micro-batches, " << few << " with " << 2 * pp;
   }
 }
 

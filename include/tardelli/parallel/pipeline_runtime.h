@@ -13,10 +13,11 @@
 //   rank's chunk s / pp (Megatron's interleaved placement, Note [Virtual stages]). Stage 0
 //   embeds, the last stage runs ln_f, the head and the loss.
 // - Point to point: a forward sends the stage's output to the rank of stage s+1, a backward
-//   sends the input gradient to the rank of stage s-1; sends are asynchronous (waited for at
-//   the end of the step), a receive blocks until its data is there. Shapes and dtypes are known
-//   from the config ([micro_batch, seq_len (/tp under sequence parallelism), d_model] in the
-//   compute dtype), so no shape is exchanged. Every message's tag names (direction,
+//   sends the input gradient to the rank of stage s-1; sends are asynchronous, a receive blocks
+//   until its data is there. A sent tensor is freed as soon as its send has completed, a sent
+//   output's data even before its backward (Note [Sent tensors] in the .cpp). Shapes and
+//   dtypes are known from the config ([micro_batch, seq_len (/tp under sequence parallelism),
+//   d_model] in the compute dtype), so no shape is exchanged. Every message's tag names (direction,
 //   micro-batch, virtual stage), so the order in which messages arrive never matters. The
 //   schedule generator guarantees, and validate() checks, that no rank waits in a cycle.
 // - The loss of each micro-batch is scaled by 1/m in backward, so gradients are those of the
@@ -134,7 +135,13 @@ class PipelineRuntime {
 
  private:
   Tensor recv(int direction, int mb, int stage, int src);
-  void send(const Tensor& t, int direction, int mb, int stage, int dst);
+  // Sends t asynchronously; `key` (micro-batch, chunk) marks a forward's output (else {-1, -1}).
+  void send(const Tensor& t, int direction, int mb, int stage, int dst,
+            std::pair<int, int> key = {-1, -1});
+  // Drops the sends that have completed (rethrowing a failed one's error); returns the keys of
+  // the forward outputs among them.
+  std::vector<std::pair<int, int>> reap_sends();
+  // Waits for every send not yet reaped (each with the communicator's timeout).
   void wait_sends();
   void sync_tied_embedding();
   double mean_over_pp(const std::vector<double>& losses);
@@ -153,8 +160,13 @@ class PipelineRuntime {
   bool sync_tied_grads_ = true;
   std::vector<TimedAction> timeline_;
   PipelineStepStats last_stats_;
-  // This step's asynchronous sends, with the tensors they read.
-  std::vector<std::pair<Tensor, distributed::WorkPtr>> pending_;
+  // This step's asynchronous sends not yet reaped, with the tensors they read.
+  struct PendingSend {
+    Tensor buffer;
+    distributed::WorkPtr work;
+    std::pair<int, int> key;  // a forward output's (micro-batch, chunk), else {-1, -1}
+  };
+  std::vector<PendingSend> pending_;
 };
 
 }  // namespace td::parallel
