@@ -188,9 +188,9 @@ def _zb_phases(spec, layout, tokens, alloc, layers, r, actions, blk, pre_out, po
     when the stage drops the graph's roots, what the deferred dW closures hold survives to the
     end of W: each GEMM's saved input X, which keeps its grad_fn and so every node upstream
     (every saved tensor of the chunk but the last block's MLP output, and under full
-    recomputation each block's recomputed graph), and each GEMM's output gradient dY. Every
-    sent tensor (a chunk's output, an input gradient) stays in the runtime's pending sends to
-    the step's end."""
+    recomputation each block's recomputed graph), and each GEMM's output gradient dY. A sent
+    tensor (a chunk's output, an input gradient) is freed once its send has completed (Note
+    [Sent tensors] in src/parallel/pipeline_runtime.cpp): none is counted."""
     sc = lambda b: size_class(b, alloc)  # noqa: E731
     s, d, tp = spec.dtype_bytes, spec.d_model, layout.tp
     t_res = tokens // tp if layout.sequence_parallel else tokens
@@ -221,7 +221,7 @@ def _zb_phases(spec, layout, tokens, alloc, layers, r, actions, blk, pre_out, po
     units = MLP_BWD_UNITS[spec.arch] if layout.recompute != "none" else \
         {"gpt2": 2, "llama": 4}[spec.arch]
     mlp_i = units * sc(s * tokens * ff)
-    cur = sends = 0
+    cur = 0
     peaks = {"forward": 0, "head_backward": 0, "backward_first": 0, "weight_backward": 0}
     for kind, _, c, _, _ in actions:
         v = c * layout.pp + r
@@ -230,11 +230,10 @@ def _zb_phases(spec, layout, tokens, alloc, layers, r, actions, blk, pre_out, po
         dy = layers[v] * dy_blk
         if kind == "F":
             cur += kept + (post_out if last else 0)
-            sends += sc(s * d * t_res) if not last else 0
-            peaks["forward"] = max(peaks["forward"], cur + sends + (head_ws if last else 0))
+            peaks["forward"] = max(peaks["forward"], cur + (head_ws if last else 0))
             if last:
-                peaks["head_backward"] = max(peaks["head_backward"], cur + sends +
-                                             sc(s * d * tokens) + sc(4 * V * d))
+                peaks["head_backward"] = max(peaks["head_backward"], cur + sc(s * d * tokens) +
+                                             sc(4 * V * d))
         elif kind == "I":
             # Nothing is freed inside an I pass (it retains the graph): its peak is at its end,
             # every output gradient formed, with the first block's input gradient being summed
@@ -242,13 +241,12 @@ def _zb_phases(spec, layout, tokens, alloc, layers, r, actions, blk, pre_out, po
             # the last block's MLP backward.
             end = dy + layers[v] * rec_blk + 3 * res
             mlp = (layers[v] - 1) * (dy_blk + rec_blk) + rec_blk + res + mlp_i
-            peaks["backward_first"] = max(peaks["backward_first"], cur + sends + max(end, mlp))
+            peaks["backward_first"] = max(peaks["backward_first"], cur + max(end, mlp))
             # Then the graph is dropped but for what the deferred GEMMs hold: the head's saved
             # tensors and the last block's MLP output go.
             cur += dy + layers[v] * rec_blk - (post_out if last else 0) - res
-            sends += res if v else 0
         elif kind == "W":
-            peaks["weight_backward"] = max(peaks["weight_backward"], cur + sends + w_ws)
+            peaks["weight_backward"] = max(peaks["weight_backward"], cur + w_ws)
             # The deferred closures (and with them the retained graph) go when W ends.
             cur -= kept - res + dy + layers[v] * rec_blk
     out = {k: states + v for k, v in peaks.items()}
@@ -302,13 +300,12 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
             # activations from the end of its F to the end of its backward. The peak of the
             # sum, less the one micro-batch `mine` counts. (zb: _zb_phases.)
             def act(c):
-                # + the chunk's received input and its sent output, held for its backward (by
-                # fit, docs/planner.md); the first chunk receives nothing and the last sends
-                # nothing (its output is ln_f's input, in post_out).
+                # + the chunk's received input, held for its backward (the first chunk receives
+                # nothing). Its sent output is not: the runtime frees a sent output's data once
+                # the send has completed (Note [Sent tensors], docs/planner.md).
                 v = c * layout.pp + r
                 return layers[v] * blk + (pre_out if v == 0 else 0) + \
-                    (post_out if v == nv - 1 else 0) + \
-                    sc(s * d * tokens) * ((v > 0) + (v < nv - 1))
+                    (post_out if v == nv - 1 else 0) + sc(s * d * tokens) * (v > 0)
 
             ev = []
             for kind, _, c, t0, t1 in timeline[r]:
