@@ -111,8 +111,8 @@ LinearFn BlockLinears::gemm(size_t i, const Tensor& w, const Tensor& b, Fp8Amax 
         st->fp8.add(fp8_count(x, Fp8Format::E4M3FN, f8->input.scale_for(x, shards.input)));
         st->fp8.add(fp8_count(wc, Fp8Format::E4M3FN, f8->weight.scale_for(wc, shards.weight)));
       }
-      f8->input.observe(amax(x));
-      f8->weight.observe(amax(wc));
+      f8->input.observe(amax_tensor(x));
+      f8->weight.observe(amax_tensor(wc));
       y = fp8_observe_grad(y, f8->grad, fp8_stats ? &st->fp8 : nullptr, shards.grad);
     }
     if (st) {

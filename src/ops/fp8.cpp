@@ -9,6 +9,7 @@
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/factory.h"
+#include "tardelli/ops/join.h"
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/reduction.h"
 #include "tardelli/ops/view.h"
@@ -112,6 +113,13 @@ double amax(const Tensor& x) {
   return max(abs(x)).item<double>();
 }
 
+Tensor amax_tensor(const Tensor& x) {
+  TD_CHECK(x.defined(), "amax_tensor: undefined tensor");
+  autograd::NoGradGuard ng;
+  if (x.numel() == 0) return zeros({}, {DType::Float32, x.device()});
+  return max(abs(x.detach())).to(DType::Float32);
+}
+
 // Note [FP8 scaling].
 Fp8Scaling::Fp8Scaling(Fp8Format format, int64_t history, double margin)
     : format_(format), history_(history), margin_(margin) {
@@ -140,6 +148,7 @@ void Fp8Scaling::set_state(double scale, const std::vector<double>& history) {
            "and > 0, got ",
            scale);
   scale_ = scale;
+  pending_device_.clear();
   amax_.assign(history.begin(), history.end());
   while (static_cast<int64_t>(amax_.size()) > history_) amax_.pop_front();
   pending_ = -1.0;
@@ -164,12 +173,31 @@ void Fp8Scaling::observe(double a) {
   pending_ = std::max(pending_, std::isfinite(a) ? a : INFINITY);
 }
 
+void Fp8Scaling::observe(const Tensor& a) {
+  TD_CHECK(a.defined() && a.dim() == 0 && a.dtype() == DType::Float32,
+           "Fp8Scaling.observe: expected a 0-d float32 amax, got ",
+           a.defined() ? describe(a) : std::string("an undefined tensor"));
+  pending_device_.push_back(a.detach());
+}
+
+double Fp8Scaling::pending() const {
+  if (!pending_device_.empty()) {
+    autograd::NoGradGuard ng;
+    // The max of the noted values, exactly (NaN if any is NaN: noted as +inf, as observe(double)).
+    const double m = max(stack(pending_device_, 0)).item<double>();
+    pending_device_.clear();
+    pending_ = std::max(pending_, std::isfinite(m) ? m : INFINITY);
+  }
+  return pending_;
+}
+
 void Fp8Scaling::commit() {
-  commit(pending_);
+  commit(pending());
 }
 
 void Fp8Scaling::commit(double a) {
-  if (a < 0) return;  // nothing noted on any rank
+  pending_device_.clear();  // folded into `a` by whoever reduced pending() over the ranks
+  if (a < 0) return;        // nothing noted on any rank
   record(a);
   pending_ = -1.0;
 }
@@ -203,9 +231,16 @@ Fp8Counts fp8_count(const Tensor& x, Fp8Format format, double scale) {
 
 namespace {
 
-void note(Fp8Scaling& s, Fp8Amax mode, double a) {
-  if (mode == Fp8Amax::Record) s.record(a);
-  if (mode == Fp8Amax::Observe) s.observe(a);
+// Notes x's amax: recorded at once (read back, made the whole tensor's by `whole` when given),
+// or observed on x's device for the step's commit (nothing read back: Note [Deferred amax]).
+void note_amax(Fp8Scaling& s, Fp8Amax mode, const Tensor& x,
+               const std::function<double(double)>& whole) {
+  if (mode == Fp8Amax::Record) {
+    const double a = amax(x);
+    s.record(whole ? whole(a) : a);
+  } else if (mode == Fp8Amax::Observe) {
+    s.observe(amax_tensor(x));
+  }
 }
 
 }  // namespace
@@ -225,14 +260,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
     counts->add(fp8_count(x, Fp8Format::E4M3FN, sx));
     counts->add(fp8_count(weight, Fp8Format::E4M3FN, sw));
   }
-  if (amaxes != Fp8Amax::Ignore) {
-    // A recorded amax is the whole tensor's; a noted one is this shard's, reduced with the
-    // others' at the step's commit (Note [Amax reduction]).
-    const bool whole = amaxes == Fp8Amax::Record;
-    const double ax = amax(x), aw = amax(weight);
-    note(state.input, amaxes, whole && shards.input ? shards.input(ax) : ax);
-    note(state.weight, amaxes, whole && shards.weight ? shards.weight(aw) : aw);
-  }
+  // A recorded amax is the whole tensor's; a noted one is this shard's, reduced with the
+  // others' at the step's commit (Note [Amax reduction]).
+  note_amax(state.input, amaxes, x, shards.input);
+  note_amax(state.weight, amaxes, weight, shards.weight);
   Shape out_sizes = x.sizes();
   out_sizes.back() = outf;
   Tensor out;
@@ -252,11 +283,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
                        const double sg = st->grad.scale_for(g[0], reduce);
                        Tensor gq = fp8_quantize(reshape(g[0], {rows, outf}), gf, sg);
                        if (counts) counts->add(fp8_count(g[0], gf, sg));
-                       if (amaxes != Fp8Amax::Ignore) {
-                         const double ag = amax(g[0]);
-                         note(st->grad, amaxes,
-                              amaxes == Fp8Amax::Record && reduce ? reduce(ag) : ag);
-                       }
+                       note_amax(st->grad, amaxes, g[0], reduce);
                        // dx = dY W and dW = dY^T X as products A B^T of the FP8 codes (transposed
                        // views: Note [FP8 GEMM on cuBLASLt]).
                        Tensor gx, gw, gb;
@@ -286,7 +313,7 @@ Tensor fp8_observe_grad(const Tensor& y, Fp8Scaling& scaling, Fp8Counts* counts,
                      if (counts) {
                        counts->add(fp8_count(g[0], st->format(), st->scale_for(g[0], reduce)));
                      }
-                     st->observe(amax(g[0]));
+                     st->observe(amax_tensor(g[0]));
                      return TensorList{g[0]};
                    });
   return out;

@@ -218,6 +218,32 @@ TEST(Fp8Ops, DeferredAmaxIsCommittedOncePerStep) {
   EXPECT_EQ(s.scale(), 448.0 / 32.0);
 }
 
+// Property: amaxes observed as tensors (left on their device until the commit) give the same
+// pending max, history and scale as the same values observed as numbers, mixed with them too;
+// a NaN tensor counts as +inf; commit(a) drops what is still on the device.
+TEST(Fp8Ops, DeviceObservedAmaxesFoldAtTheCommit) {
+  Fp8Scaling host(Fp8Format::E4M3FN, 4), dev(Fp8Format::E4M3FN, 4);
+  const Tensor a = from_vector<float>({2.0f, -9.5f}, {2}), b = from_vector<float>({3.25f}, {1});
+  host.observe(amax(a));
+  host.observe(amax(b));
+  dev.observe(amax_tensor(a));
+  dev.observe(1.0);
+  dev.observe(amax_tensor(b));
+  EXPECT_EQ(amax_tensor(a).dim(), 0);
+  EXPECT_EQ(dev.pending(), host.pending());
+  host.commit();
+  dev.commit();
+  EXPECT_EQ(dev.history(), host.history());
+  EXPECT_EQ(dev.scale(), 448.0 / 9.5);
+  dev.observe(amax_tensor(from_vector<float>({1.0f, NAN}, {2})));
+  EXPECT_EQ(dev.pending(), INFINITY);
+  dev.commit(4.0);
+  dev.observe(amax_tensor(a));
+  dev.commit(2.0);  // the group's value; the device amax is dropped, not folded later
+  EXPECT_EQ(dev.pending(), -1.0);
+  EXPECT_EQ(dev.history(), std::deque<double>({9.5, 4.0, 2.0}));
+}
+
 // Property: fp8_count counts the values beyond the format's max after scaling (saturated) and
 // the nonzero ones at or below half the smallest subnormal (flushed), for both formats.
 TEST(Fp8Ops, CountsOverflowAndUnderflow) {

@@ -50,6 +50,8 @@ Tensor fp8_scaled_mm(const Tensor& a, double a_scale, const Tensor& b, double b_
                      DType out_dtype, const Tensor& bias = {});
 // max |x| as a double (NaN if x holds NaN; 0 for an empty tensor).
 double amax(const Tensor& x);
+// The same as a 0-d float32 tensor on x's device (no read-back; NaN if x holds NaN).
+Tensor amax_tensor(const Tensor& x);
 
 // One tensor's scale (Note [FP8 scaling]).
 class Fp8Scaling {
@@ -70,8 +72,12 @@ class Fp8Scaling {
   // (the max of every rank's pending amax: Note [Amax reduction] in parallel/precision_sync.h).
   // Both do nothing when nothing is pending.
   void observe(double amax);
+  // The same for an amax still on its device (amax_tensor): kept there, so a training step's
+  // forwards and backwards read nothing back; folded into the pending max (one read-back per
+  // scaling and step) when pending() or commit() needs it (Note [Deferred amax]).
+  void observe(const Tensor& amax);
   // The max noted since the last commit, or -1 when nothing is pending (amaxes are >= 0).
-  double pending() const { return pending_; }
+  double pending() const;
   void commit();
   void commit(double amax);
   double scale() const { return scale_; }
@@ -88,7 +94,8 @@ class Fp8Scaling {
   int64_t history_;
   double margin_;
   double scale_ = 1.0;
-  double pending_ = -1.0;
+  mutable double pending_ = -1.0;
+  mutable std::vector<Tensor> pending_device_;  // 0-d float32 amaxes not yet read back
   std::deque<double> amax_;
 };
 
