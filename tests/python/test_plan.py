@@ -110,6 +110,24 @@ def test_alpha_beta_fit_recovers_a_line():
     assert fit["beta_s_per_byte"] == pytest.approx(b, rel=1e-6)
 
 
+def test_two_calibration_passes_keep_the_better_figure():
+    """calibrate.py Note [Two passes]: figure by figure, the higher rate and the lower overhead
+    of two compute passes (a disturbed measurement in one pass does not reach the profile)."""
+    def out(scale, ovh):
+        return {"gemm": [{"m": 1, "flops": 10.0 * scale}, {"m": 2, "flops": 20.0 / scale}],
+                "attention": [{"seq": 64, "flops": 5.0 * scale}],
+                "bandwidth": [{"threads": 2, "bytes_per_s": 55e9 / scale}],
+                "probes": [{"arch": "gpt2", "block_s": 0.03 * scale, "head_s": 0.04 / scale}],
+                "op_overhead_s": ovh, "block_overhead_s_gpt2": 2 * ovh,
+                "block_overhead_s_llama": 3 * ovh}
+    m = calibrate.best_of_passes(out(1.0, 1e-6), out(2.0, 5e-7))
+    assert [g["flops"] for g in m["gemm"]] == [20.0, 20.0]
+    assert m["attention"][0]["flops"] == 10.0
+    assert m["bandwidth"][0]["bytes_per_s"] == 55e9
+    assert m["probes"][0]["block_s"] == 0.03 and m["probes"][0]["head_s"] == 0.02
+    assert m["op_overhead_s"] == 5e-7 and m["block_overhead_s_llama"] == 1.5e-6
+
+
 def test_two_regime_fit_and_lookup():
     """Samples from two lines (below and from 256 KiB) give back both, and the profile's lookup
     uses the one for the message size."""

@@ -223,6 +223,27 @@ def shared_core_sync(w, dist, td, timed):
     return statistics.median(synced) - statistics.median(plain)
 
 
+# Note [Two passes]: a job that starts beside the calibration for a few seconds (a neighbour's
+# build, the tail of another test) can take a thread's core for the whole of one measurement's
+# window, and a profile with such figures (2026-12-06: the 2-thread block and head probes at
+# 27 and 33 ms instead of 14-16 and 17) mispredicted every run that uses them by 40%. Each
+# compute worker therefore runs
+# twice, seconds apart, and every figure keeps the better pass: the higher rate, the lower
+# overhead (each figure is already the best of its repetitions within a pass).
+def best_of_passes(a, b):
+    """Two compute workers' outputs merged figure by figure (Note [Two passes])."""
+    out = dict(a)
+    for k, rate in (("gemm", "flops"), ("attention", "flops"), ("bandwidth", "bytes_per_s")):
+        out[k] = [x if x[rate] >= y[rate] else y for x, y in zip(a[k], b[k])]
+    out["probes"] = [dict(x, block_s=min(x["block_s"], y["block_s"]),
+                          head_s=min(x["head_s"], y["head_s"]))
+                     for x, y in zip(a["probes"], b["probes"])]
+    for k in a:
+        if k.endswith("overhead_s") or k.startswith("block_overhead_s"):
+            out[k] = min(a[k], b[k])
+    return out
+
+
 SPLIT_BYTES = 1 << 18
 
 
@@ -352,9 +373,9 @@ def calibrate(out, nprocs=(1, 2, 4), log=print, clock="wall"):
     threads = sorted({max(1, cores // n) for n in nprocs})
     ovh, blk = [], []
     for t in threads:
-        log(f"calibrate: compute with {t} thread(s)")
-        r = _run_json([sys.executable, "-m", "tardelli.plan", "_worker", "compute", str(t)],
-                      _env(t))
+        log(f"calibrate: compute with {t} thread(s), two passes")
+        argv = [sys.executable, "-m", "tardelli.plan", "_worker", "compute", str(t)]
+        r = best_of_passes(_run_json(argv, _env(t)), _run_json(argv, _env(t)))
         for k in ("gemm", "attention", "bandwidth"):
             prof[k] += r[k]
         ovh.append(r["op_overhead_s"])
