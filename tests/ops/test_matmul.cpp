@@ -6,6 +6,8 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tardelli/tardelli.h"
 #include "test_util.h"
@@ -313,6 +315,33 @@ TEST(Matmul, LinearGradientsClosedForm) {
 }
 
 // Bad input raises td::Error naming the op and both shapes; nothing crashes.
+// Property (Note [Matmul scratchpad] in src/ops/cpu/onednn.cpp): one cached primitive run by
+// several threads at once gives every thread the single-threaded product, up to the rounding
+// of a GEMM blocked for another OpenMP team size (rtol 1e-5 of the largest entry); with the
+// primitive's shared scratchpad a concurrent run was off by whole units now and then.
+TEST(Matmul, ConcurrentThreadsShareCachedPrimitives) {
+  for (const Shape& s : {Shape{64, 64}, Shape{96, 200}}) {
+    const Tensor a = td::test::randn_seeded(s, 3), b = td::test::randn_seeded({s[1], 72}, 4);
+    const std::vector<float> want = to_vector<float>(matmul(a, b));
+    double scale = 0.0;
+    for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    std::vector<double> worst(4, 0.0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 50; ++i) {
+          const std::vector<float> got = to_vector<float>(matmul(a.clone(), b.clone()));
+          for (size_t j = 0; j < got.size(); ++j) {
+            worst[t] = std::max(worst[t], std::fabs(static_cast<double>(got[j]) - want[j]));
+          }
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (int t = 0; t < 4; ++t) EXPECT_LE(worst[t], 1e-5 * scale) << "thread " << t;
+  }
+}
+
 TEST(Matmul, BadInputIsAnError) {
   try {
     matmul(randn_seeded({3, 4}, 71), randn_seeded({5, 6}, 72));

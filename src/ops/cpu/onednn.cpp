@@ -2,8 +2,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -38,8 +40,18 @@ std::atomic<int64_t> g_created{0};
 // process-wide LRU keyed by everything that shapes the primitive (dims, strides, dtype, bias)
 // makes every step after the first reuse them. A primitive is executable from several threads
 // at once, so entries are shared_ptrs handed out under the lock and run outside it.
+//
+// Note [Matmul scratchpad]: that holds only with a user-managed scratchpad. By default oneDNN
+// (built for OpenMP without DNNL_ENABLE_CONCURRENT_EXEC, as Debian's is) gives a primitive the
+// global scratchpad of the thread that created it, so two threads running one cached
+// primitive at once share its scratch memory: wrong results now and then (seen as a GEMM off by
+// 5.8 of 32 in tests/python/test_tensor_api.py's concurrent-threads test under load). Every
+// primitive is created with scratchpad_mode::user and each execution passes the calling
+// thread's buffer (thread_scratch): per thread like oneDNN's own, outside the tensor allocator
+// and its statistics as oneDNN's was, grown to the largest scratchpad the thread has needed.
 struct Entry {
   std::shared_ptr<dnnl::matmul> prim;  // null: oneDNN only had its reference implementation
+  memory::desc scratch;                // the execution's scratchpad (size 0: none)
   // Note [Operand layouts for sgemm]: operands to copy into the other inner layout first, or
   // into the same layout with a padded leading dimension (the new one; 0: not padded).
   bool repack_a = false;  // a column-major: copy it row-major
@@ -169,6 +181,22 @@ memory::desc bias_md(const memory::dims& out_dims, memory::data_type dt) {
   return dense_md(bd, dt);
 }
 
+// The calling thread's scratchpad of at least `bytes` (Note [Matmul scratchpad]), 64-byte
+// aligned.
+void* thread_scratch(size_t bytes) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> buf;
+  thread_local size_t cap = 0;
+  if (bytes > cap) {
+    cap = (bytes + 4095) / 4096 * 4096;
+    buf.reset(std::aligned_alloc(64, cap));
+    TD_CHECK(buf != nullptr, "matmul: could not allocate a ", cap, "-byte oneDNN scratchpad");
+  }
+  return buf.get();
+}
+
 // A contiguous copy that is not recorded by autograd.
 Tensor dense(const Tensor& t) {
   Tensor c = Tensor::empty(t.sizes(), t.dtype(), t.device());
@@ -181,11 +209,13 @@ dnnl::matmul::primitive_desc describe_matmul(const Operand& a, const Operand& b,
   memory::desc a_md(a.dims, dt, a.strides);
   memory::desc b_md(b.dims, dt, b.strides);
   memory::desc c_md = dense_md(out_dims, dt);
+  dnnl::primitive_attr attr;  // Note [Matmul scratchpad]
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (has_bias) {
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md(out_dims, dt), c_md),
-                                        onednn_engine());
+                                        attr, onednn_engine());
   }
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), onednn_engine());
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, onednn_engine());
 }
 
 // The operand with its inner matrix stored the other way (row-major <-> column-major).
@@ -290,6 +320,7 @@ Entry create(const Operand& a, const Operand& b, bool has_bias, const memory::di
   if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return e;
   ++g_created;
   e.prim = std::make_shared<dnnl::matmul>(pd);
+  e.scratch = pd.scratchpad_desc();
   return e;
 }
 
@@ -347,7 +378,7 @@ dnnl::engine& onednn_engine() {
 }
 
 dnnl::stream& onednn_stream() {
-  static dnnl::stream s(onednn_engine());
+  thread_local dnnl::stream s(onednn_engine());  // streams are not shared between threads
   return s;
 }
 
@@ -491,6 +522,9 @@ void onednn_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const T
     TD_CHECK(bias.is_contiguous() && bias.numel() == out.size(nd - 1),
              "matmul: internal error: bias must be contiguous [N]");
     args.emplace(DNNL_ARG_BIAS, memory(bias_md(od, dt), eng, bias.data_ptr()));
+  }
+  if (const size_t bytes = e->scratch.get_size(); bytes > 0) {  // Note [Matmul scratchpad]
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(e->scratch, eng, thread_scratch(bytes)));
   }
   e->prim->execute(onednn_stream(), args);
   onednn_stream().wait();

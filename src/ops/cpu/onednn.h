@@ -1,7 +1,7 @@
 #pragma once
-// oneDNN glue for the CPU matrix products (internal header): one engine and stream for the
-// process, and a matmul that passes any strided view to oneDNN without copying when oneDNN can
-// express the layout.
+// oneDNN glue for the CPU matrix products (internal header): one engine for the process, a
+// stream per thread, and a matmul that passes any strided view to oneDNN without copying when
+// oneDNN can express the layout.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
