@@ -106,18 +106,17 @@ Tensor fp8_scaled_mm(const Tensor& a, double a_scale, const Tensor& b, double b_
   return linear(fp8_dequantize(a, a_scale), fp8_dequantize(b, b_scale), bf).to(out_dtype);
 }
 
-double amax(const Tensor& x) {
-  if (!x.defined() || x.numel() == 0) return 0.0;
-  autograd::NoGradGuard ng;
-  // |x| and the max are exact in x's own dtype: no fp32 copy (one pass fewer on a GPU).
-  return max(abs(x)).item<double>();
-}
-
 Tensor amax_tensor(const Tensor& x) {
   TD_CHECK(x.defined(), "amax_tensor: undefined tensor");
   autograd::NoGradGuard ng;
   if (x.numel() == 0) return zeros({}, {DType::Float32, x.device()});
+  // |x| and the max are exact in x's own dtype: no fp32 copy (one pass fewer on a GPU); the
+  // max is then exact in float32 too.
   return max(abs(x.detach())).to(DType::Float32);
+}
+
+double amax(const Tensor& x) {
+  return x.defined() ? amax_tensor(x).item<double>() : 0.0;
 }
 
 // Note [FP8 scaling].

@@ -21,6 +21,15 @@ namespace dist = td::distributed;
 
 namespace {
 constexpr int64_t kSeqDim = 1;  // the GPT's activations are [B, T, d]
+
+// The max of v over `group` (an FP8 amax over the ranks holding parts of a tensor). An amax is
+// the |value| of a float32 (or narrower) element: exact in float32, and a max is exact in any
+// order, so every rank gets the same result.
+double group_max(const dist::CommPtr& group, double v) {
+  Tensor t = full({1}, v, {DType::Float32});
+  group->all_reduce(t, dist::ReduceOp::Max);
+  return t.item<double>();
+}
 }  // namespace
 
 GPTTensorParallel::GPTTensorParallel(dist::CommPtr tp, const ParallelOptions& options,
@@ -49,11 +58,7 @@ Tensor GPTTensorParallel::row_linear(const Tensor& x, const Tensor& w, const Ten
 }
 
 double GPTTensorParallel::tp_max(double v) {
-  // An amax is the |value| of a float32 (or narrower) element: exact in float32, and a max is
-  // exact in any order, so every rank gets the same result.
-  Tensor t = full({1}, v, {DType::Float32});
-  tp_->all_reduce(t, dist::ReduceOp::Max);
-  return t.item<double>();
+  return group_max(tp_, v);
 }
 
 Tensor GPTTensorParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {
@@ -132,9 +137,7 @@ double GPTContextParallel::tp_max(double v) {
 }
 
 double GPTContextParallel::cp_max(double v) {
-  Tensor t = full({1}, v, {DType::Float32});  // exact, as tp_max
-  cp_->all_reduce(t, dist::ReduceOp::Max);
-  return t.item<double>();
+  return group_max(cp_, v);
 }
 
 Tensor GPTContextParallel::embedding(const Tensor& ids, const Tensor& w, bool sp) {

@@ -60,6 +60,16 @@ MatLayout inner_layout(Tensor& t, int64_t rows, int64_t cols) {
   return l;
 }
 
+// t itself when it is packed (contiguous) at a 16-byte aligned address, else such a copy: what
+// cuBLASLt's epilogue vectors and FP8 operands need.
+Tensor packed_aligned(const Tensor& t) {
+  const bool aligned = t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  if (aligned) return t;
+  Tensor fresh = Tensor::empty(t.sizes(), t.dtype(), t.device());
+  fresh.copy_(t);
+  return fresh;
+}
+
 // One batch dim of the output with the element strides of a, b and out along it (0 where an
 // operand is broadcast).
 struct BatchDim {
@@ -101,13 +111,7 @@ void matmul_out(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, c
   if (bias_in.defined()) {
     TD_CHECK(bias_in.dim() == 1 && bias_in.size(0) == N && bias_in.dtype() == out.dtype(), op,
              ": internal: bias ", describe(bias_in), " for ", N, " output features");
-    bias = bias_in.detach();
-    // The epilogue reads a packed vector; a fresh allocation is also well aligned.
-    if (!bias.is_contiguous() || reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 != 0) {
-      Tensor fresh = Tensor::empty({N}, bias.dtype(), bias.device());
-      fresh.copy_(bias);
-      bias = fresh;
-    }
+    bias = packed_aligned(bias_in.detach());  // the epilogue reads a packed, aligned vector
   }
 
   std::vector<BatchDim> dims;
@@ -197,15 +201,6 @@ kernels::Fp8Type fp8_type(const Tensor& t) {
   return t.dtype() == DType::Float8E5M2 ? kernels::Fp8Type::kE5M2 : kernels::Fp8Type::kE4M3;
 }
 
-// t itself when it is a row-major matrix with 16-byte aligned rows, else such a copy.
-Tensor packed_aligned(const Tensor& t) {
-  const bool aligned = t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  if (aligned) return t;
-  Tensor fresh = Tensor::empty(t.sizes(), t.dtype(), t.device());
-  fresh.copy_(t);
-  return fresh;
-}
-
 }  // namespace
 
 bool fp8_mm_supported(const Tensor& a, const Tensor& b, DType out_dtype) {
@@ -226,7 +221,9 @@ bool fp8_mm_supported(const Tensor& a, const Tensor& b, DType out_dtype) {
 void fp8_mm_out(const Tensor& a_in, const Tensor& b_in, float alpha, const Tensor& bias_in,
                 const Tensor& out) {
   check_same_cuda_device("fp8_mm", out, {&a_in, &b_in, &bias_in});
-  TD_CHECK(fp8_mm_supported(a_in, b_in, out.dtype()) && out.is_contiguous() && out.dim() == 2 &&
+  // What cuBLASLt cannot take (fp8_mm_supported's conditions) kernels::gemm_fp8 refuses itself.
+  TD_CHECK(is_float8(a_in.dtype()) && is_float8(b_in.dtype()) && a_in.dim() == 2 &&
+               b_in.dim() == 2 && out.is_contiguous() && out.dim() == 2 &&
                out.size(0) == a_in.size(0) && out.size(1) == b_in.size(0),
            "fp8_mm: internal: no FP8 GEMM of ", describe(a_in), " and ", describe(b_in), " into ",
            describe(out));
