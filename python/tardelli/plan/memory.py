@@ -94,6 +94,17 @@ def block_backward_bytes(spec, layout, tokens):
     return int(s * tokens * ((a + sel) * ffu + b * d) + c * 4 * d * ffu)
 
 
+def tp_bias_output_bytes(spec, layout, tokens, alloc=None):
+    """What a gpt2 tensor-parallel block keeps beyond block_activation_bytes: two more
+    residual-sized tensors (the row-parallel outputs after their reduction, which the bias add
+    keeps; llama's linears have no bias). 0 without tp or for llama."""
+    if layout.tp == 1 or spec.arch != "gpt2":
+        return 0
+    t_res = tokens // layout.tp if layout.sequence_parallel else tokens
+    b = spec.dtype_bytes * spec.d_model * t_res
+    return 2 * (size_class(b, alloc) if alloc else b)
+
+
 def full_recompute_backward_bytes(spec, layout, tokens, alloc=None):
     """What one block's backward adds under --recompute full (Note [Full recomputation
     backward]): the checkpoint reruns the block's forward (the GPT's blocks run
@@ -104,10 +115,8 @@ def full_recompute_backward_bytes(spec, layout, tokens, alloc=None):
     the input) plus the transient."""
     s, d, tp = spec.dtype_bytes, spec.d_model, layout.tp
     sc = (lambda b: size_class(b, alloc)) if alloc else int
-    t_res = tokens // tp if layout.sequence_parallel else tokens
-    kept = block_activation_bytes(spec, layout, tokens, "selective", alloc)
-    if tp > 1 and spec.arch == "gpt2":
-        kept += 2 * sc(s * d * t_res)  # the row-parallel outputs the bias adds keep
+    kept = block_activation_bytes(spec, layout, tokens, "selective", alloc) + \
+        tp_bias_output_bytes(spec, layout, tokens, alloc)
     ff = spec.ffn_hidden // tp
     u = 1 if spec.arch == "gpt2" else 2
     unit = sc(s * tokens * ff)
@@ -208,8 +217,7 @@ def _zb_phases(spec, layout, tokens, alloc, layers, r, actions, blk, pre_out, po
     if layout.recompute == "full":
         rec_blk = block_activation_bytes(spec, layout, tokens, "selective", alloc) - \
             sc(s * d * t_res)
-        if tp > 1 and spec.arch == "gpt2":
-            rec_blk += 2 * sc(s * d * t_res)
+        rec_blk += tp_bias_output_bytes(spec, layout, tokens, alloc)
     # A W pass: the largest fp32 weight gradient being formed; a recomputed MLP activation.
     w_ws = sc(4 * d * max(qkv, ffu, d))
     if layout.recompute != "none":
@@ -283,11 +291,8 @@ def peak_memory(spec, layout, gbs, alloc="td_cpu", timeline=None):
         params, grads, opt, bufs, padded = _states(spec, layout, named, alloc, single)
         params += sum(sc(4 * n) for n in spec.buffers()) * len(chunks)
         blk = block_activation_bytes(spec, layout, tokens, layout.recompute, alloc)
-        if tp > 1 and layout.recompute != "full" and spec.arch == "gpt2":
-            # gpt2's tensor-parallel layers keep two more residual-sized tensors per block (the
-            # row-parallel outputs after their reduction, which the bias add keeps; llama's
-            # linears have no bias).
-            blk += 2 * sc(s * d * t_res)
+        if layout.recompute != "full":
+            blk += tp_bias_output_bytes(spec, layout, tokens, alloc)
         pre_out = sc(s * d * t_res) if pre and spec.arch == "gpt2" else 0
         # The head keeps d x [t, d] and d W [V/tp, d] fp32 from its forward, ln_f its input
         # (Note [Chunked LM head]).
