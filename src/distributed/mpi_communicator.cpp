@@ -536,6 +536,14 @@ WorkPtr MpiCommunicator::do_send(const Tensor& t, int dst, int tag, bool async_o
   return run(std::move(op), async_op);
 }
 
+bool MpiCommunicator::probe(int tag, int* src) const {
+  int flag = 0;
+  MPI_Status status;
+  TD_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status), where() + ": probe");
+  if (flag != 0) *src = status.MPI_SOURCE;
+  return flag != 0;
+}
+
 WorkPtr MpiCommunicator::do_recv(Tensor& t, int src, int tag, bool async_op) {
   auto op = make_op(detail::str_cat("recv of ", t.numel(), " ", dtype_name(t.dtype()),
                                     " from rank ", src, " (tag ", tag, ")"),

@@ -76,6 +76,9 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override;
   const char* backend() const override { return "mpi"; }
   MPI_Comm comm() const { return comm_; }
+  // Non-blocking: true and the sender's rank when a message with `tag` from any rank is waiting
+  // to be received (MPI_Iprobe). For the tag matcher's headers (distributed/tag_matching.h).
+  bool probe(int tag, int* src) const;
 
  protected:
   WorkPtr do_all_reduce(Tensor& t, ReduceOp op, bool async_op) override;

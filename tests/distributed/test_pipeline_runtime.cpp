@@ -46,6 +46,7 @@
 #include "tardelli/distributed/communicator.h"
 #include "tardelli/distributed/data_parallel.h"
 #include "tardelli/distributed/process_grid.h"
+#include "tardelli/distributed/tag_matching.h"
 #include "tardelli/models/gpt.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/parallel/parallelize.h"
@@ -336,6 +337,27 @@ TEST(PipelineRuntime, MatchesOneRank) {
     EXPECT_GE(st.step_s, st.busy_s);
     EXPECT_GE(st.bubble_fraction, 0.0);
     report(tag, "loss bitwise, grads max rel", worst);
+  }
+}
+
+// Property: with the pipeline's sends and receives matched by a TagMatcher over an untagged,
+// ordered transport (Note [Tag matching]: NCCL's pairing, here its MPI stand-in), every schedule
+// trains exactly as over MPI's tags: the loss and the gradients equal the one-rank run's as in
+// MatchesOneRank. A message paired with the wrong receive would change them or fail its count.
+TEST(PipelineRuntime, TagMatchedTransportMatchesOneRank) {
+  const int pp = world()->size();
+  const ProcessGrid grid(tag_matched_mpi(world()), ParallelDims{.pp = pp});
+  const int m = 2 * pp;
+  const std::vector<MicroBatch> batches = make_batches(m, 99);
+  for (auto [kind, vpp] : {std::pair{ScheduleKind::OneFOneB, 1},
+                           {ScheduleKind::ZeroBubbleH1, 1},
+                           {ScheduleKind::Interleaved, 2}}) {
+    const GPTConfig cfg = tiny(Arch::GPT2, pp * vpp);
+    SCOPED_TRACE(std::string(to_string(kind)) + " vpp" + std::to_string(vpp));
+    const Reference ref = reference(cfg, batches);
+    const PipeRun run = run_pipeline(grid, cfg, kind, m, vpp, batches);
+    EXPECT_EQ(run.loss, ref.loss) << "the mean loss (bitwise)";
+    expect_grads(run, ref, {"wte.weight"}, to_string(kind));
   }
 }
 
