@@ -59,5 +59,60 @@ target_include_directories(tardelli PRIVATE ${TD_CUDNN_INCLUDE_DIR} ${TD_NCCL_IN
 target_link_libraries(tardelli PRIVATE
   CUDA::cudart CUDA::cublasLt CUDA::cublas ${TD_CUDNN_LIBRARY} ${TD_NCCL_LIBRARY})
 
+# Note [cuDNN frontend]: fused attention through cuDNN's SDPA graphs (Note [cuDNN attention] in
+# kernels/attention/cudnn_attention.cuh) needs the cuDNN frontend, a header-only C++ library (it
+# bundles its own nlohmann json). It ships in the PyPI wheel nvidia-cudnn-frontend (headers in
+# site-packages/include), which scripts/setup.sh installs into .venv and scripts/gpu_deps.sh
+# unpacks into .gpu-deps/cudnn-frontend for a GPU machine. Looked for, in order: the cache variable
+# TD_CUDNN_FRONTEND_INCLUDE_DIR, -DCUDNN_FRONTEND_ROOT / $CUDNN_FRONTEND_ROOT, the checkout's .venv,
+# .gpu-deps/cudnn-frontend, the system. Without it (or with -DTD_WITH_CUDNN_FRONTEND=OFF) the build
+# still succeeds: kernels/attention/cudnn_attention.cpp compiles to "refused" plans and attention
+# runs on Tardelli's own kernels, as this configure message says.
+option(TD_WITH_CUDNN_FRONTEND "Fused attention through the cuDNN frontend, when its headers exist" ON)
+set(TD_CUDNN_FRONTEND_MIN_VERSION 1.32)
+set(TD_CUDNN_FRONTEND_SOURCE ${PROJECT_SOURCE_DIR}/kernels/attention/cudnn_attention.cpp)
+target_sources(tardelli PRIVATE ${TD_CUDNN_FRONTEND_SOURCE})
+set(TD_CUDNN_FRONTEND_USED OFF)
+if(TD_WITH_CUDNN_FRONTEND)
+  file(GLOB TD_VENV_SITE_PACKAGES ${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages)
+  find_path(TD_CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
+    HINTS ${CUDNN_FRONTEND_ROOT} ENV CUDNN_FRONTEND_ROOT ${TD_VENV_SITE_PACKAGES}
+      ${PROJECT_SOURCE_DIR}/.gpu-deps/cudnn-frontend
+    PATH_SUFFIXES include)
+  if(TD_CUDNN_FRONTEND_INCLUDE_DIR AND EXISTS ${TD_CUDNN_FRONTEND_INCLUDE_DIR}/cudnn_frontend_version.h)
+    file(STRINGS ${TD_CUDNN_FRONTEND_INCLUDE_DIR}/cudnn_frontend_version.h td_fe_lines
+      REGEX "#define CUDNN_FRONTEND_(MAJOR|MINOR|PATCH)_VERSION [0-9]+")
+    string(REGEX REPLACE ".*MAJOR_VERSION ([0-9]+).*" "\\1" td_fe_major "${td_fe_lines}")
+    string(REGEX REPLACE ".*MINOR_VERSION ([0-9]+).*" "\\1" td_fe_minor "${td_fe_lines}")
+    string(REGEX REPLACE ".*PATCH_VERSION ([0-9]+).*" "\\1" td_fe_patch "${td_fe_lines}")
+    set(TD_CUDNN_FRONTEND_VERSION "${td_fe_major}.${td_fe_minor}.${td_fe_patch}")
+    if(TD_CUDNN_FRONTEND_VERSION VERSION_GREATER_EQUAL TD_CUDNN_FRONTEND_MIN_VERSION)
+      set(TD_CUDNN_FRONTEND_USED ON)
+    else()
+      message(WARNING "cuDNN frontend ${TD_CUDNN_FRONTEND_VERSION} in "
+        "${TD_CUDNN_FRONTEND_INCLUDE_DIR} is older than ${TD_CUDNN_FRONTEND_MIN_VERSION}: the cuDNN "
+        "attention path is compiled out (bash scripts/setup.sh installs a recent one into .venv)")
+    endif()
+  else()
+    message(WARNING "cuDNN frontend headers (cudnn_frontend.h) not found: the cuDNN attention "
+      "path is compiled out and attention runs on Tardelli's own kernels. bash scripts/setup.sh "
+      "installs them into .venv (pip: nvidia-cudnn-frontend); or pass -DCUDNN_FRONTEND_ROOT=...")
+  endif()
+endif()
+if(TD_CUDNN_FRONTEND_USED)
+  # -isystem: the frontend's own warnings are not ours to fix (the build uses -Werror).
+  set_source_files_properties(${TD_CUDNN_FRONTEND_SOURCE} PROPERTIES
+    COMPILE_DEFINITIONS TD_WITH_CUDNN_FRONTEND=1
+    COMPILE_OPTIONS "-isystem;${TD_CUDNN_FRONTEND_INCLUDE_DIR}")
+  # The frontend's runtime-compiled engines (NVRTC) are referenced by its headers even when unused.
+  target_link_libraries(tardelli PRIVATE CUDA::nvrtc)
+  set(td_fe_note "cuDNN frontend ${TD_CUDNN_FRONTEND_VERSION} (${TD_CUDNN_FRONTEND_INCLUDE_DIR})")
+else()
+  set_source_files_properties(${TD_CUDNN_FRONTEND_SOURCE} PROPERTIES
+    COMPILE_DEFINITIONS TD_WITH_CUDNN_FRONTEND=0)
+  set(td_fe_note "no cuDNN frontend (attention: own kernels only)")
+endif()
+
 message(STATUS "Tardelli CUDA backend: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
-  "architectures ${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${TD_CUDNN_LIBRARY}, NCCL ${TD_NCCL_LIBRARY}")
+  "architectures ${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${TD_CUDNN_LIBRARY}, NCCL ${TD_NCCL_LIBRARY}, "
+  "${td_fe_note}")

@@ -68,6 +68,17 @@ if ! .venv/bin/python -c "import transformers, tokenizers, safetensors" >/dev/nu
   /usr/bin/python3 -m venv --system-site-packages .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check "${pip_packages[@]}"
 fi
+# The cuDNN frontend's C++ headers for the CUDA build's fused attention (Note [cuDNN frontend] in
+# cmake/cuda.cmake finds them in .venv's site-packages/include). Only the headers are used, so
+# --no-deps leaves out the wheel's Python dependencies (CUTLASS DSL, TVM FFI). Not fatal: without
+# them the CUDA build compiles the cuDNN path out and says so.
+cudnn_frontend=nvidia-cudnn-frontend==1.32.0
+if ! compgen -G ".venv/lib/python3*/site-packages/include/cudnn_frontend.h" >/dev/null; then
+  echo "setup: installing ${cudnn_frontend} (headers only) into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${cudnn_frontend}" ||
+    echo "setup: could not install ${cudnn_frontend}; CUDA builds will use only Tardelli's own" \
+      "attention kernels" >&2
+fi
 [[ "${until_step}" == packages ]] && exit 0
 
 # ccache needs a writable cache folder even where HOME is unset (some CI environments).

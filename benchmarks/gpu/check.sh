@@ -171,6 +171,8 @@ if ! timeout 330 cmake --build "$BUILD" -j "$JOBS" >"$OUT/build.log" 2>&1; then
   exit 1
 fi
 echo "built in $(($(date +%s) - T0)) s"
+# Whether the cuDNN attention path is compiled in (cmake/cuda.cmake, Note [cuDNN frontend]).
+grep -o "cuDNN frontend [0-9.]*\|no cuDNN frontend[^,]*" "$OUT/configure.log" | head -1
 fi
 
 EXCLUDE=""
