@@ -1,7 +1,8 @@
 #pragma once
 // CUDA side of flash_attention_forward / flash_attention_backward (src/ops/attention.cpp);
 // internal. Arguments are already validated by the front-end (shapes, dtypes, Tq <= Tk when
-// causal); these check devices and head-dim limits, make inputs contiguous and launch
+// causal); these check devices and head-dim limits, make inputs contiguous and run cuDNN's fused
+// attention where it takes the shape (Note [cuDNN attention]), else Tardelli's own kernels in
 // kernels/attention/ (Note [Two attention paths]).
 #include <tuple>
 
