@@ -3,9 +3,14 @@
 // and the reference kernels for the other bf16 shapes (odd head dims, Dv != D); GQA, causal with
 // Tq == Tk and Tq < Tk (bottom-right aligned), sequence lengths that are not multiples of the
 // 64-row tiles, non-contiguous inputs, exact causal masking, determinism, edge sizes, bad input.
+// The tests named after the own kernels set TD_CUDNN_ATTENTION=0 (else bf16/fp16 would run
+// cuDNN's attention, tested in test_attention_cudnn_cuda.cpp); the masking and determinism tests
+// run both paths; the rest take the default path.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +22,32 @@ using namespace td;
 using namespace td::test;
 
 namespace {
+
+// Sets (or with nullptr unsets) an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 Tensor gpu(const Tensor& t) {
   return t.to(cuda_device(0));
@@ -131,6 +162,7 @@ TEST(AttentionCuda, Float32ReferencePathMatchesCpu) {
 // Tq < Tk causal, Tq > Tk non-causal, lengths 1, 17, 200 (partial 64-row tiles).
 TEST(AttentionCuda, TensorCorePathMatchesCpu) {
   TD_REQUIRE_CUDA();
+  ScopedEnv own_kernels("TD_CUDNN_ATTENTION", "0");
   std::vector<Case> cases;
   for (int64_t D : {64, 128}) {
     for (bool causal : {false, true}) {
@@ -156,6 +188,7 @@ TEST(AttentionCuda, TensorCorePathMatchesCpu) {
 // sides, fp32 arithmetic otherwise).
 TEST(AttentionCuda, ReducedPrecisionReferencePathMatchesCpu) {
   TD_REQUIRE_CUDA();
+  ScopedEnv own_kernels("TD_CUDNN_ATTENTION", "0");
   const std::vector<Case> cases = {
       {1, 4, 2, 70, 70, 40, 40, true},
       {1, 2, 1, 17, 33, 64, 32, true},
@@ -174,6 +207,7 @@ TEST(AttentionCuda, ReducedPrecisionReferencePathMatchesCpu) {
 // both on the GPU: differences are the tensor-core path's rounding of P, dS and the outputs.
 TEST(AttentionCuda, TensorCoreMatchesReferenceKernels) {
   TD_REQUIRE_CUDA();
+  ScopedEnv own_kernels("TD_CUDNN_ATTENTION", "0");
   const std::vector<Case> cases = {
       {2, 4, 2, 200, 200, 128, 128, true},
       {1, 2, 2, 100, 177, 64, 64, true},
@@ -207,34 +241,38 @@ TEST(AttentionCuda, TensorCoreMatchesReferenceKernels) {
 // Covers the causal diagonal tiles with Tq < Tk and keys past Tk in the last tile.
 TEST(AttentionCuda, MaskingIsExact) {
   TD_REQUIRE_CUDA();
-  struct M {
-    int64_t Tq, Tk, D;
-    bool causal;
-  };
-  for (const M& m : {M{150, 200, 64, true}, M{200, 200, 128, true}, M{70, 130, 128, false},
-                     M{1, 77, 64, true}, M{64, 64, 64, true}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "Tq " << m.Tq << " Tk " << m.Tk << " D " << m.D << (m.causal ? " causal" : ""));
-    for (DType dt : {DType::BFloat16, DType::Float32}) {
-      Tensor q = zeros({1, 2, m.Tq, m.D}, TensorOptions{.dtype = dt});
-      Tensor k = randn_seeded({1, 2, m.Tk, m.D}, 5000, dt);
-      std::vector<float> vv(2 * m.Tk * m.D);
-      for (int64_t h = 0; h < 2; ++h)
-        for (int64_t j = 0; j < m.Tk; ++j)
-          for (int64_t d = 0; d < m.D; ++d) vv[(h * m.Tk + j) * m.D + d] = static_cast<float>(j);
-      Tensor v = from_vector<float>(vv, {1, 2, m.Tk, m.D}).to(dt);
-      AttentionForward f = flash_attention_forward(gpu(q), gpu(k), gpu(v), m.causal, 0.125);
-      const std::vector<float> out = to_vector<float>(host(f.out));
-      const std::vector<float> lse = to_vector<float>(host(f.lse));
-      for (int64_t h = 0; h < 2; ++h) {
-        for (int64_t i = 0; i < m.Tq; ++i) {
-          const int64_t n = m.causal ? i + m.Tk - m.Tq + 1 : m.Tk;
-          const double want = (n - 1) / 2.0;
-          // bf16 rounds the mean by at most want / 512; a key more or less moves it by 0.5.
-          const double tol = want / 256 + 1e-5;
-          ASSERT_NEAR(out[(h * m.Tq + i) * m.D], want, tol) << "row " << i;
-          ASSERT_NEAR(out[(h * m.Tq + i) * m.D + m.D - 1], want, tol) << "row " << i;
-          ASSERT_NEAR(lse[h * m.Tq + i], std::log(static_cast<double>(n)), 1e-4) << "row " << i;
+  for (const char* cudnn : {"0", ""}) {
+    SCOPED_TRACE(std::string("TD_CUDNN_ATTENTION=") + cudnn);
+    ScopedEnv path("TD_CUDNN_ATTENTION", cudnn);
+    struct M {
+      int64_t Tq, Tk, D;
+      bool causal;
+    };
+    for (const M& m : {M{150, 200, 64, true}, M{200, 200, 128, true}, M{70, 130, 128, false},
+                       M{1, 77, 64, true}, M{64, 64, 64, true}}) {
+      SCOPED_TRACE(testing::Message() << "Tq " << m.Tq << " Tk " << m.Tk << " D " << m.D
+                                      << (m.causal ? " causal" : ""));
+      for (DType dt : {DType::BFloat16, DType::Float32}) {
+        Tensor q = zeros({1, 2, m.Tq, m.D}, TensorOptions{.dtype = dt});
+        Tensor k = randn_seeded({1, 2, m.Tk, m.D}, 5000, dt);
+        std::vector<float> vv(2 * m.Tk * m.D);
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t j = 0; j < m.Tk; ++j)
+            for (int64_t d = 0; d < m.D; ++d) vv[(h * m.Tk + j) * m.D + d] = static_cast<float>(j);
+        Tensor v = from_vector<float>(vv, {1, 2, m.Tk, m.D}).to(dt);
+        AttentionForward f = flash_attention_forward(gpu(q), gpu(k), gpu(v), m.causal, 0.125);
+        const std::vector<float> out = to_vector<float>(host(f.out));
+        const std::vector<float> lse = to_vector<float>(host(f.lse));
+        for (int64_t h = 0; h < 2; ++h) {
+          for (int64_t i = 0; i < m.Tq; ++i) {
+            const int64_t n = m.causal ? i + m.Tk - m.Tq + 1 : m.Tk;
+            const double want = (n - 1) / 2.0;
+            // bf16 rounds the mean by at most want / 512; a key more or less moves it by 0.5.
+            const double tol = want / 256 + 1e-5;
+            ASSERT_NEAR(out[(h * m.Tq + i) * m.D], want, tol) << "row " << i;
+            ASSERT_NEAR(out[(h * m.Tq + i) * m.D + m.D - 1], want, tol) << "row " << i;
+            ASSERT_NEAR(lse[h * m.Tq + i], std::log(static_cast<double>(n)), 1e-4) << "row " << i;
+          }
         }
       }
     }
@@ -299,20 +337,23 @@ TEST(AttentionCuda, SdpaAutograd) {
 // summation order per key row and per query row, GQA groups summed in head order).
 TEST(AttentionCuda, BackwardIsDeterministic) {
   TD_REQUIRE_CUDA();
-  for (DType dt : {DType::BFloat16, DType::Float32}) {
-    SCOPED_TRACE(dtype_name(dt));
-    const Case c{2, 4, 1, 300, 300, 128, 128, true};
-    const Inputs in = make_inputs(c, dt, 8000);
-    Tensor q = gpu(in.q), k = gpu(in.k), v = gpu(in.v), g = gpu(in.g);
-    AttentionForward f = flash_attention_forward(q, k, v, true, 0.09);
-    AttentionForward f2 = flash_attention_forward(q, k, v, true, 0.09);
-    EXPECT_TRUE(test::same_bytes(host(f.out), host(f2.out)));
-    EXPECT_TRUE(test::same_bytes(host(f.lse), host(f2.lse)));
-    auto a = flash_attention_backward(g, q, k, v, f.out, f.lse, true, 0.09);
-    auto b = flash_attention_backward(g, q, k, v, f.out, f.lse, true, 0.09);
-    EXPECT_TRUE(test::same_bytes(host(std::get<0>(a)), host(std::get<0>(b))));
-    EXPECT_TRUE(test::same_bytes(host(std::get<1>(a)), host(std::get<1>(b))));
-    EXPECT_TRUE(test::same_bytes(host(std::get<2>(a)), host(std::get<2>(b))));
+  for (const char* cudnn : {"0", ""}) {
+    ScopedEnv path("TD_CUDNN_ATTENTION", cudnn);
+    for (DType dt : {DType::BFloat16, DType::Float32}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " TD_CUDNN_ATTENTION=" + cudnn);
+      const Case c{2, 4, 1, 300, 300, 128, 128, true};
+      const Inputs in = make_inputs(c, dt, 8000);
+      Tensor q = gpu(in.q), k = gpu(in.k), v = gpu(in.v), g = gpu(in.g);
+      AttentionForward f = flash_attention_forward(q, k, v, true, 0.09);
+      AttentionForward f2 = flash_attention_forward(q, k, v, true, 0.09);
+      EXPECT_TRUE(test::same_bytes(host(f.out), host(f2.out)));
+      EXPECT_TRUE(test::same_bytes(host(f.lse), host(f2.lse)));
+      auto a = flash_attention_backward(g, q, k, v, f.out, f.lse, true, 0.09);
+      auto b = flash_attention_backward(g, q, k, v, f.out, f.lse, true, 0.09);
+      EXPECT_TRUE(test::same_bytes(host(std::get<0>(a)), host(std::get<0>(b))));
+      EXPECT_TRUE(test::same_bytes(host(std::get<1>(a)), host(std::get<1>(b))));
+      EXPECT_TRUE(test::same_bytes(host(std::get<2>(a)), host(std::get<2>(b))));
+    }
   }
 }
 
