@@ -2,6 +2,11 @@
 // the launchers td::kernels::attention_forward / attention_backward at B = 8, T = 2048, H = 16,
 // D = 128 and 64, bf16, timed with CUDA events (3 warm-up runs, median of 10). One JSON line per
 // shape; compare with benchmarks/gpu/torch_sdpa_bench.py (same shapes through torch's SDPA).
+// Each shape has a row for Tardelli's own kernels ("path": "tensor_core" or "reference") and
+// rows for cuDNN's fused attention (kernels/attention/cudnn_attention.cuh), with the
+// deterministic backward the library uses by default ("path": "cudnn") and with the atomics one
+// torch uses ("path": "cudnn_nondeterministic"); a shape cuDNN refuses, or a build without the
+// cuDNN frontend, prints {"path": "cudnn", "skipped": reason}.
 //   ./build/<dir>/benchmarks/gpu/attention_bench
 // FLOPs (causal, half of the score matrix): forward 4 B H T^2 D / 2, backward 2.5x the forward.
 #include <cuda_bf16.h>
@@ -12,8 +17,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "attention/cudnn_attention.cuh"
 #include "attention/flash_attention.cuh"
 #include "bench_util.h"
 
@@ -77,6 +84,49 @@ int main() {
         static_cast<long>(H), static_cast<long>(D), f_ms, fb_ms, b_ms, fwd_flop / f_ms * 1e-9,
         bwd_flop / b_ms * 1e-9, (fwd_flop + bwd_flop) / fb_ms * 1e-9);
     std::fflush(stdout);
+    for (bool det : {true, false}) {
+      const char* path = det ? "cudnn" : "cudnn_nondeterministic";
+      const auto dt = td::kernels::AttentionDType::BFloat16;
+      const td::kernels::CudnnAttentionPlan& fp = td::kernels::cudnn_attention_forward_plan(s, dt);
+      const td::kernels::CudnnAttentionPlan& bp =
+          td::kernels::cudnn_attention_backward_plan(s, dt, det);
+      if (!fp.supported || !bp.supported) {
+        std::string why = !fp.supported ? "forward: " + fp.refusal : "backward: " + bp.refusal;
+        for (char& ch : why) {
+          if (ch == '"' || ch == '\\' || ch == '\n') ch = ' ';
+        }
+        std::printf(
+            "{\"bench\":\"attention\",\"impl\":\"tardelli\",\"path\":\"%s\",\"D\":%ld,"
+            "\"skipped\":\"%s\"}\n",
+            path, static_cast<long>(D), why.c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      void* ws = nullptr;
+      const size_t ws_bytes = std::max(fp.workspace_bytes, bp.workspace_bytes);
+      if (ws_bytes) TD_BENCH_CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+      auto cfwd = [&] {
+        td::kernels::cudnn_attention_forward(q, k, v, out, lse, ws, s, dt, stream);
+      };
+      auto cfwd_bwd = [&] {
+        cfwd();
+        td::kernels::cudnn_attention_backward(g, q, k, v, out, lse, dq, dk, dv, ws, s, dt, det,
+                                              stream);
+      };
+      const double cf_ms = td::bench::median_ms(cfwd, stream, 3, 10);
+      const double cfb_ms = td::bench::median_ms(cfwd_bwd, stream, 3, 10);
+      const double cb_ms = cfb_ms - cf_ms;
+      std::printf(
+          "{\"bench\":\"attention\",\"impl\":\"tardelli\",\"path\":\"%s\",\"device\":\"%s\","
+          "\"dtype\":\"bf16\",\"causal\":true,\"B\":%ld,\"T\":%ld,\"H\":%ld,\"D\":%ld,"
+          "\"fwd_ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_tflops\":%.1f,"
+          "\"bwd_tflops\":%.1f,\"fwd_bwd_tflops\":%.1f,\"workspace_bytes\":%zu}\n",
+          path, prop.name, static_cast<long>(B), static_cast<long>(T), static_cast<long>(H),
+          static_cast<long>(D), cf_ms, cfb_ms, cb_ms, fwd_flop / cf_ms * 1e-9,
+          bwd_flop / cb_ms * 1e-9, (fwd_flop + bwd_flop) / cfb_ms * 1e-9, ws_bytes);
+      std::fflush(stdout);
+      if (ws) TD_BENCH_CHECK_CUDA(cudaFree(ws));
+    }
     for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
                     static_cast<void*>(g), static_cast<void*>(out), static_cast<void*>(dq),
                     static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(lse),
