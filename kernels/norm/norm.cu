@@ -1,16 +1,25 @@
 // layer_norm / rms_norm kernels. Note [Fused norms] (src/ops/norm.cpp) is the specification.
 //
-// Note [CUDA norm kernels]: forward: one block per row (Note [Row ownership]); the row is read
-// once with 16-byte loads into an fp32 shared-memory copy (rows up to kCacheBytes; longer rows
-// are re-read, from L2), then mean and the centred sums (Note [Corrected two-pass statistics]) are
-// two passes over that copy and y is written in a third (vectorized stores). Backward: a block owns
-// a fixed chunk of rows (the chunking depends only on rows and n), computes dx row by row (one pass
-// for the two row sums, one pass writing dx) and adds g * xhat and g into per-column fp32
-// accumulators in shared memory, each column owned by one thread, so every column sums its rows in
-// order. Each chunk writes its partials to scratch [nchunks, n]; a second kernel adds the chunks in
-// order (in double). Rows too long for the shared accumulators use a separate column-tiled partials
-// kernel (a second read of g and x) with the same chunks. No atomics: bitwise deterministic.
+// Note [CUDA norm kernels]: the fast paths hold rows in registers (Note [Register rows] in
+// softmax/row_registers.cuh, kernels in norm_registers.cuh). Forward: a warp per row (four rows a
+// block) for rows of up to 32 * 8 vectors (1024 fp32, 2048 bf16 elements), else a block of 128 to
+// 512 threads per row, 4 vectors a thread (8192 fp32, 16384 bf16): each thread issues all its
+// 16-byte loads at once, then the mean and the centred sums of d and d^2 (Note [Corrected two-pass
+// statistics]) are two group reductions over registers, and y is stored. Backward: one block per
+// weight-gradient chunk (the chunking depends only on rows and n: up to 64 rows a chunk while that
+// leaves 128 chunks). Each group (a warp taking rows of up to 32 elements a lane, two rows at once
+// when they fit; else the block, 16 elements a thread) loads g and x of its rows once, forms the
+// two row sums in one reduction, writes dx and adds g * xhat and g into per-thread registers for
+// the columns it owns, rows in order. At the chunk's end the warp path adds its warps' sums in warp
+// order through shared memory; each chunk writes its partials to scratch [nchunks, n] and
+// sum_chunks_kernel adds the chunks in order (in double), staging them in shared memory so many
+// loads are in flight. Unaligned rows (n not a multiple of the vector, or offset pointers) and rows
+// longer than the register paths take the fallback: forward one block per row with an fp32
+// shared-memory copy of the row (rows up to kCacheBytes; longer rows are re-read, from L2);
+// backward per-column shared accumulators, or for rows too long for those a column-tiled partials
+// kernel (a second read of g and x), with the same chunks. No atomics: bitwise deterministic.
 #include "norm/norm.cuh"
+#include "norm/norm_registers.cuh"
 #include "runtime/cuda_check.cuh"
 #include "softmax/row_common.cuh"
 
@@ -83,18 +92,23 @@ __global__ void norm_forward_kernel(const T* __restrict__ x, T* __restrict__ y, 
   }
 }
 
-// Rows of the weight-gradient chunks (Note [CUDA norm kernels]): at most 512 chunks and at most
-// 2^22 partial values per gradient; depends only on rows and n.
+// Rows of the weight-gradient chunks (Note [CUDA norm kernels]): up to 64 rows a chunk while that
+// leaves at least 128 chunks, at most 4096 chunks and 2^22 partial values per gradient; depends
+// only on rows and n.
 struct Chunking {
   int64_t chunk_rows = 1, nchunks = 0;
 };
 Chunking chunking(int64_t rows, int64_t n) {
   int64_t max_chunks = (int64_t{1} << 22) / (n < 1 ? 1 : n);
   if (max_chunks < 1) max_chunks = 1;
-  if (max_chunks > 512) max_chunks = 512;
+  if (max_chunks > 4096) max_chunks = 4096;
   Chunking c;
-  c.chunk_rows = rows < 1 ? 1 : ceil_div(rows, max_chunks);
-  c.nchunks = ceil_div(rows, c.chunk_rows);
+  c.chunk_rows = rows / 128;
+  if (c.chunk_rows > 64) c.chunk_rows = 64;
+  if (c.chunk_rows < 1) c.chunk_rows = 1;
+  if (rows > 0 && ceil_div(rows, c.chunk_rows) > max_chunks)
+    c.chunk_rows = ceil_div(rows, max_chunks);
+  c.nchunks = rows < 1 ? 0 : ceil_div(rows, c.chunk_rows);
   return c;
 }
 
@@ -194,15 +208,32 @@ __global__ void norm_weight_partials_kernel(const T* __restrict__ g, const T* __
   }
 }
 
-// out[j] = sum over chunks c in order of part[c, j] (in double, rounded once).
-__global__ void sum_chunks_kernel(const float* __restrict__ part, float* __restrict__ out,
-                                  int64_t nchunks, int64_t n) {
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    double s = 0.0;
-    for (int64_t c = 0; c < nchunks; ++c) s += part[c * n + j];
-    out[j] = static_cast<float>(s);
+// out[j] = sum over chunks c in order of part[c, j] (in double, rounded once), for the gradient
+// blockIdx.y (parts / outs [0] = dw, [1] = db). A block takes kSumCols columns: all its threads
+// stage the partials of kSumChunks chunks at a time in shared memory (many loads in flight), then
+// one thread per column adds them in chunk order.
+constexpr int kSumCols = 32, kSumChunks = 64, kSumThreads = 256;
+__global__ void __launch_bounds__(kSumThreads)
+    sum_chunks_kernel(const float* part0, const float* part1, float* out0, float* out1,
+                      int64_t nchunks, int64_t n) {
+  __shared__ float stage[kSumChunks][kSumCols];
+  const float* part = blockIdx.y == 0 ? part0 : part1;
+  float* out = blockIdx.y == 0 ? out0 : out1;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSumCols;
+  double s = 0.0;
+  for (int64_t c0 = 0; c0 < nchunks; c0 += kSumChunks) {
+    __syncthreads();  // the previous slab is added
+    for (int i = static_cast<int>(threadIdx.x); i < kSumChunks * kSumCols; i += blockDim.x) {
+      const int64_t c = c0 + i / kSumCols, j = j0 + i % kSumCols;
+      stage[i / kSumCols][i % kSumCols] = c < nchunks && j < n ? part[c * n + j] : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x < kSumCols) {
+      const int64_t m = nchunks - c0 < kSumChunks ? nchunks - c0 : kSumChunks;
+      for (int64_t c = 0; c < m; ++c) s += stage[c][threadIdx.x];
+    }
   }
+  if (threadIdx.x < kSumCols && j0 + threadIdx.x < n) out[j0 + threadIdx.x] = static_cast<float>(s);
 }
 
 // The largest dynamic shared memory a block of the current device may opt into.
@@ -225,7 +256,26 @@ void allow_smem(Kernel kernel, size_t bytes) {
 template <typename T, bool kLayer>
 void launch_forward(const T* x, T* y, float* mean, float* rstd, const float* w, const float* b,
                     int64_t rows, int64_t n, float eps, cudaStream_t stream) {
-  const bool vec = rows::rows_vectorizable<T>(n, {x, y});
+  const bool vec = rows::rows_vectorizable<T>(n, {x, y, w, b});
+  const int64_t nv = n / kVec16<T>;
+  const int ni = static_cast<int>(n);
+  if (vec && rows::warp_vecs(nv) > 0) {  // a warp per row
+    constexpr int kRowsPerBlock = norm_regs::kForwardWarps;
+    const unsigned grid = rows::row_blocks(ceil_div(rows, kRowsPerBlock));
+    rows::with_warp_vecs(rows::warp_vecs(nv), [&](auto k) {
+      norm_regs::forward_kernel<T, kLayer, decltype(k)::value, true>
+          <<<grid, kRowsPerBlock * 32, 0, stream>>>(x, y, mean, rstd, w, b, rows, ni, eps);
+    });
+    TD_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  if (const int t = rows::block_threads(nv, norm_regs::kForwardMaxThreads); vec && t > 0) {
+    norm_regs::forward_kernel<T, kLayer, rows::kBlockVecs, false>
+        <<<rows::row_blocks(rows), t, 0, stream>>>(x, y, mean, rstd, w, b, rows, ni, eps);
+    TD_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  // Fallback: unaligned or very long rows.
   const int threads = rows::threads_for_row(n, vec ? kVec16<T> : 1, kMaxThreads);
   const unsigned grid = rows::row_blocks(rows);
   const size_t cache = static_cast<size_t>(n) * sizeof(float);
@@ -239,18 +289,42 @@ void launch_forward(const T* x, T* y, float* mean, float* rstd, const float* w, 
   TD_CUDA_LAUNCH_CHECK();
 }
 
+// The register-row backward (Note [Register rows]) when the rows allow it; false otherwise.
 template <typename T, bool kLayer>
-void launch_backward(const T* g, const T* x, const float* mean, const float* rstd, const float* w,
-                     T* dx, float* dw, float* db, int64_t rows, int64_t n, void* scratch,
-                     cudaStream_t stream) {
-  const bool want = dw != nullptr || db != nullptr;
-  const Chunking ch = chunking(rows, n);
-  float* pw = dw != nullptr ? static_cast<float*>(scratch) : nullptr;
-  float* pb =
-      db != nullptr ? static_cast<float*>(scratch) + (dw != nullptr ? ch.nchunks * n : 0) : nullptr;
+bool launch_backward_regs(const T* g, const T* x, const float* mean, const float* rstd,
+                          const float* w, T* dx, float* pw, float* pb, int64_t rows, int64_t n,
+                          const Chunking& ch, cudaStream_t stream) {
+  if (!rows::rows_vectorizable<T>(n, {g, x, dx, w})) return false;
+  const int64_t nv = n / kVec16<T>;
+  const int ni = static_cast<int>(n);
+  const auto grid = static_cast<unsigned>(ch.nchunks);
+  if (const int k = rows::warp_vecs(nv); k > 0 && k <= norm_regs::kBackwardMaxWarpVecs<T>) {
+    rows::with_warp_vecs<norm_regs::kBackwardMaxWarpVecs<T>>(k, [&](auto k) {
+      norm_regs::backward_kernel<T, kLayer, decltype(k)::value, true>
+          <<<grid, norm_regs::kBackwardWarps * 32, 0, stream>>>(g, x, mean, rstd, w, dx, pw, pb,
+                                                                rows, ni, ch.chunk_rows);
+    });
+  } else if (const int t = rows::block_threads(nv, norm_regs::kBackwardMaxThreads,
+                                               norm_regs::kBackwardBlockVecs<T>);
+             t > 0) {
+    norm_regs::backward_kernel<T, kLayer, norm_regs::kBackwardBlockVecs<T>, false>
+        <<<grid, t, 0, stream>>>(g, x, mean, rstd, w, dx, pw, pb, rows, ni, ch.chunk_rows);
+  } else {
+    return false;
+  }
+  TD_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+// Fallback backward (unaligned or very long rows): shared accumulators or column partials.
+template <typename T, bool kLayer>
+void launch_backward_fallback(const T* g, const T* x, const float* mean, const float* rstd,
+                              const float* w, T* dx, float* pw, float* pb, int64_t rows, int64_t n,
+                              const Chunking& ch, cudaStream_t stream) {
+  const bool want = pw != nullptr || pb != nullptr;
   const bool vec = rows::rows_vectorizable<T>(n, {g, x, dx});
   const int threads = rows::threads_for_row(n, vec ? kVec16<T> : 1, kMaxThreads);
-  const size_t acc = static_cast<size_t>((dw != nullptr) + (db != nullptr)) *
+  const size_t acc = static_cast<size_t>((pw != nullptr) + (pb != nullptr)) *
                      static_cast<size_t>(n) * sizeof(float);
   if (want && acc <= max_dynamic_smem()) {
     auto* kernel = norm_backward_kernel<T, kLayer, true>;
@@ -269,13 +343,28 @@ void launch_backward(const T* g, const T* x, const float* mean, const float* rst
       TD_CUDA_LAUNCH_CHECK();
     }
   }
-  float* parts[2] = {pw, pb};
-  float* outs[2] = {dw, db};
-  for (int k = 0; k < 2; ++k) {
-    if (outs[k] == nullptr) continue;
-    sum_chunks_kernel<<<grid_for(n, 256, 4096), 256, 0, stream>>>(parts[k], outs[k], ch.nchunks, n);
-    TD_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T, bool kLayer>
+void launch_backward(const T* g, const T* x, const float* mean, const float* rstd, const float* w,
+                     T* dx, float* dw, float* db, int64_t rows, int64_t n, void* scratch,
+                     cudaStream_t stream) {
+  const bool want = dw != nullptr || db != nullptr;
+  const Chunking ch = chunking(rows, n);
+  float* pw = dw != nullptr ? static_cast<float*>(scratch) : nullptr;
+  float* pb =
+      db != nullptr ? static_cast<float*>(scratch) + (dw != nullptr ? ch.nchunks * n : 0) : nullptr;
+  if (!launch_backward_regs<T, kLayer>(g, x, mean, rstd, w, dx, pw, pb, rows, n, ch, stream)) {
+    launch_backward_fallback<T, kLayer>(g, x, mean, rstd, w, dx, pw, pb, rows, n, ch, stream);
   }
+  if (!want) return;
+  // One launch for both gradients (grid y = 2) when both are wanted.
+  const float* p0 = dw != nullptr ? pw : pb;
+  float* o0 = dw != nullptr ? dw : db;
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, kSumCols)),
+                  dw != nullptr && db != nullptr ? 2 : 1);
+  sum_chunks_kernel<<<grid, kSumThreads, 0, stream>>>(p0, pb, o0, db, ch.nchunks, n);
+  TD_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace

@@ -84,8 +84,8 @@ TEST(NormCuda, LayerAndRmsMatchCpuOnAwkwardSizes) {
 
 TEST(NormCuda, ManyRowsAndChunkedWeightGradients) {
   TD_REQUIRE_CUDA();
-  // rows > 512 puts several rows in each weight-gradient chunk; n = 4096 uses the fused shared
-  // accumulators, n = 30000 the column-partials kernel.
+  // Several rows in each weight-gradient chunk: n = 7 (unaligned rows) uses the fallback's fused
+  // shared accumulators, n = 4096 the block register path, n = 30000 the column-partials kernel.
   uint64_t seed = 500;
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{4099, 7}, {1500, 4096}, {600, 30000}}) {
     for (bool rms : {false, true}) {
@@ -97,6 +97,101 @@ TEST(NormCuda, ManyRowsAndChunkedWeightGradients) {
   }
   NormCase c{false, DType::BFloat16, 2000, 1024, true, true};
   check_norm(c, randn_seeded({2000, 1024}, 77).to(DType::BFloat16), 77);
+}
+
+TEST(NormCuda, EveryKernelPathMatchesCpu) {
+  TD_REQUIRE_CUDA();
+  // Note [CUDA norm kernels]: a row is n / 4 (fp32) or n / 8 (bf16 / fp16) 16-byte vectors.
+  // Each n sits on or just past a dispatch boundary; the comment names the forward path, then
+  // the backward path (warp k: a warp per row, k vectors a lane; block t: t threads per row).
+  struct Path {
+    DType dt;
+    int64_t n;
+  };
+  const DType f32 = DType::Float32, bf16 = DType::BFloat16, f16 = DType::Float16;
+  const Path paths[] = {
+      {f32, 4},       // warp 1 (mostly idle lanes); warp 1, two rows at once
+      {f32, 132},     // warp 2 (33 vectors); warp 2
+      {f32, 384},     // warp 3; warp 3
+      {f32, 512},     // warp 4; warp 4
+      {f32, 768},     // warp 6 (GPT-2); warp 6, two rows at once
+      {f32, 1024},    // warp 8; warp 8, one row at a time
+      {f32, 1028},    // block 128; block 128
+      {f32, 2052},    // block 256; block 256
+      {f32, 4096},    // block 256; block 256
+      {f32, 4100},    // block 512; fallback (shared accumulators)
+      {f32, 8192},    // block 512 (its limit); fallback
+      {f32, 8196},    // fallback (shared row copy); fallback
+      {bf16, 8},      // warp 1; warp 1
+      {bf16, 264},    // warp 2 (33 vectors); warp 2
+      {bf16, 768},    // warp 3 (GPT-2); warp 3, two rows at once
+      {bf16, 1024},   // warp 4; warp 4, one row at a time (the backward warp limit)
+      {bf16, 1536},   // warp 6; block 128
+      {bf16, 2048},   // warp 8; block 128
+      {bf16, 2056},   // block 128; block 256
+      {bf16, 4104},   // block 256; fallback
+      {bf16, 16384},  // block 512 (its limit); fallback
+      {bf16, 16392},  // fallback (re-read rows); fallback (column partials)
+      {f16, 768},     // warp 3; warp 3
+      {f16, 4096},    // block 128; block 256
+  };
+  uint64_t seed = 3000;
+  for (const Path& p : paths) {
+    // 37 rows: one row per chunk, rows not a multiple of the rows per block. 1000 rows: chunks of
+    // 7 rows, the last warp or row pair of each chunk partly empty.
+    for (int64_t rows : {int64_t{37}, int64_t{1000}}) {
+      if (rows * p.n > (int64_t{1} << 23)) continue;
+      for (bool rms : {false, true}) {
+        NormCase c{rms, p.dt, rows, p.n, true, !rms};
+        ++seed;
+        check_norm(c, randn_seeded({rows, p.n}, seed, 1.5, 0.25).to(p.dt), seed);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(NormCuda, GptShapesAndLongChunks) {
+  TD_REQUIRE_CUDA();
+  // 64-row chunks: each backward warp takes eight rows (four pairs) and the block adds its eight
+  // warps' sums; 16384 rows of 1024: 256 chunks.
+  uint64_t seed = 4000;
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (auto [rows, n] : {std::pair<int64_t, int64_t>{8192, 768}, {16384, 1024}}) {
+      NormCase c{false, dt, rows, n, true, true};
+      ++seed;
+      check_norm(c, randn_seeded({rows, n}, seed).to(dt), seed);
+      if (HasFatalFailure()) return;
+    }
+  }
+  NormCase c{true, DType::BFloat16, 8192, 4096, true, false};  // block path, 64-row chunks
+  check_norm(c, randn_seeded({8192, 4096}, 77).to(DType::BFloat16), 77);
+}
+
+TEST(NormCuda, UnalignedRowsUseTheFallback) {
+  TD_REQUIRE_CUDA();
+  // x and g one element past a 16-byte boundary (contiguous views into larger buffers): the
+  // register paths need aligned rows, so these take the fallback kernels.
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    const int64_t rows = 37, n = 768;
+    Tensor xb = randn_seeded({rows * n + 1}, 61).to(dt),
+           gb = randn_seeded({rows * n + 1}, 62).to(dt);
+    Tensor x = xb.to(gpu()).narrow(0, 1, rows * n).view({rows, n});
+    Tensor g = gb.to(gpu()).narrow(0, 1, rows * n).view({rows, n});
+    Tensor xc = xb.narrow(0, 1, rows * n).view({rows, n}).contiguous();
+    Tensor gc = gb.narrow(0, 1, rows * n).view({rows, n}).contiguous();
+    Tensor w = randn_seeded({n}, 63), b = randn_seeded({n}, 64);
+    NormForward fc = layer_norm_forward(xc, n, w, b, 1e-5);
+    NormForward fg = layer_norm_forward(x, n, w.to(gpu()), b.to(gpu()), 1e-5);
+    const std::string what = std::string("unaligned ") + name(dt);
+    expect_matches(fg.y, fc.y, tol(dt), what + " y");
+    expect_matches(fg.rstd, fc.rstd, 1e-5, what + " rstd");
+    auto [dxc, dwc, dbc] = layer_norm_backward(gc, xc, fc.mean, fc.rstd, w, true, n);
+    auto [dxg, dwg, dbg] = layer_norm_backward(g, x, fg.mean, fg.rstd, w.to(gpu()), true, n);
+    expect_matches(dxg, dxc, tol(dt), what + " dx");
+    expect_matches(dwg, dwc, tol(dt), what + " dw");
+    expect_matches(dbg, dbc, tol(dt), what + " db");
+  }
 }
 
 TEST(NormCuda, WithoutAffineParamsAndBiasOnly) {
@@ -143,7 +238,8 @@ TEST(NormCuda, LargeOffsetRowsKeepPrecision) {
 
 TEST(NormCuda, WeightGradientsAreBitwiseDeterministic) {
   TD_REQUIRE_CUDA();
-  for (int64_t n : {1000, 30000}) {  // fused accumulators, then the column-partials kernel
+  // warp path (n 768), block path (4096), fused shared accumulators (6000), column partials (30000)
+  for (int64_t n : {768, 4096, 6000, 30000}) {
     const int64_t rows = 3000;
     Tensor x = randn_seeded({rows, n}, 41).to(gpu());
     Tensor g = randn_seeded({rows, n}, 42).to(gpu());
