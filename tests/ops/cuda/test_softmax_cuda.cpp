@@ -48,6 +48,69 @@ TEST(SoftmaxCuda, LastDimMatchesCpuOnAwkwardSizes) {
   }
 }
 
+TEST(SoftmaxCuda, EveryKernelPathMatchesCpu) {
+  TD_REQUIRE_CUDA();
+  // Note [CUDA softmax kernels]: a row is n / 4 (fp32) or n / 8 (bf16 / fp16) 16-byte vectors.
+  // Each n sits on or just past a dispatch boundary (forward and backward share it).
+  struct Path {
+    DType dt;
+    int64_t n;
+  };
+  const DType f32 = DType::Float32, bf16 = DType::BFloat16, f16 = DType::Float16;
+  const Path paths[] = {
+      {f32, 4},       // warp 1 (mostly idle lanes)
+      {f32, 132},     // warp 2 (33 vectors)
+      {f32, 384},     // warp 3
+      {f32, 512},     // warp 4
+      {f32, 768},     // warp 6 (GPT-2)
+      {f32, 1024},    // warp 8
+      {f32, 1028},    // block 128
+      {f32, 2052},    // block 256
+      {f32, 8192},    // block 512 (its limit)
+      {f32, 8196},    // fallback (forward: shared row copy; backward: re-read rows)
+      {bf16, 8},      // warp 1
+      {bf16, 768},    // warp 3 (GPT-2)
+      {bf16, 1536},   // warp 6
+      {bf16, 2048},   // warp 8
+      {bf16, 2056},   // block 128
+      {bf16, 16384},  // block 512 (its limit)
+      {bf16, 16392},  // fallback
+      {f16, 1024},    // warp 4
+      {f16, 4096},    // block 128
+  };
+  uint64_t seed = 5000;
+  for (const Path& p : paths) {
+    // 37 rows: not a multiple of the warp path's rows per block.
+    const int64_t rows = p.n >= 8192 ? 9 : 37;
+    for (bool log : {false, true}) {
+      ++seed;
+      check_softmax(log, randn_seeded({rows, p.n}, seed, 3.0).to(p.dt), -1, seed + 7, "");
+      if (HasFatalFailure()) return;
+    }
+  }
+  check_softmax(false, randn_seeded({8192, 768}, 41).to(DType::BFloat16), -1, 42, "gpt2");
+}
+
+TEST(SoftmaxCuda, UnalignedRowsUseTheFallback) {
+  TD_REQUIRE_CUDA();
+  // Rows one element past a 16-byte boundary (a contiguous view into a larger buffer).
+  const int64_t rows = 37, n = 768;
+  Tensor xb = randn_seeded({rows * n + 1}, 43, 2.0);
+  Tensor x = xb.to(gpu()).narrow(0, 1, rows * n).view({rows, n});
+  Tensor xc = xb.narrow(0, 1, rows * n).view({rows, n}).contiguous();
+  for (bool log : {false, true}) {
+    Tensor yc = log ? log_softmax(xc, 1) : softmax(xc, 1);
+    Tensor yg = log ? log_softmax(x, 1) : softmax(x, 1);
+    expect_matches(yg, yc, 1e-5, log ? "unaligned log_softmax" : "unaligned softmax");
+    Tensor gb = randn_seeded({rows * n + 1}, 44);
+    Tensor g = gb.to(gpu()).narrow(0, 1, rows * n).view({rows, n});
+    Tensor gc = gb.narrow(0, 1, rows * n).view({rows, n}).contiguous();
+    Tensor dc = log ? log_softmax_backward(gc, yc, 1) : softmax_backward(gc, yc, 1);
+    Tensor dg = log ? log_softmax_backward(g, yg, 1) : softmax_backward(g, yg, 1);
+    expect_matches(dg, dc, 1e-5, log ? "unaligned log_softmax dx" : "unaligned softmax dx");
+  }
+}
+
 TEST(SoftmaxCuda, ManyShortRows) {
   TD_REQUIRE_CUDA();
   check_softmax(false, randn_seeded({20000, 5}, 1), 1, 2, "");
@@ -76,18 +139,24 @@ TEST(SoftmaxCuda, LargeLogitsAndInfinities) {
   const float inf = std::numeric_limits<float>::infinity();
   // Row 0 masked in part (-inf gives exactly 0), row 1 entirely (NaN, as the CPU and torch).
   std::vector<float> v = {-inf, 1.f, 2.f, -inf, 0.5f, -inf, -inf, -inf, -inf, -inf};
-  Tensor x = from_vector<float>(v, {2, 5});
-  for (bool log : {false, true}) {
-    Tensor yc = log ? log_softmax(x, 1) : softmax(x, 1);
-    Tensor yg = log ? log_softmax(x.to(gpu()), 1) : softmax(x.to(gpu()), 1);
-    const std::vector<double> c = doubles(yc), g = doubles(yg);
-    for (size_t i = 0; i < c.size(); ++i) {
-      if (std::isnan(c[i])) {
-        EXPECT_TRUE(std::isnan(g[i])) << i;
-      } else if (std::isinf(c[i])) {
-        EXPECT_EQ(g[i], c[i]) << i;
-      } else {
-        EXPECT_NEAR(g[i], c[i], 1e-6) << i;
+  // [2, 5] takes the fallback (unaligned rows); [2, 8] (three -inf appended) the warp path.
+  std::vector<float> v8;
+  for (int r = 0; r < 2; ++r) {
+    for (int j = 0; j < 8; ++j) v8.push_back(j < 5 ? v[static_cast<size_t>(r * 5 + j)] : -inf);
+  }
+  for (const Tensor& x : {from_vector<float>(v, {2, 5}), from_vector<float>(v8, {2, 8})}) {
+    for (bool log : {false, true}) {
+      Tensor yc = log ? log_softmax(x, 1) : softmax(x, 1);
+      Tensor yg = log ? log_softmax(x.to(gpu()), 1) : softmax(x.to(gpu()), 1);
+      const std::vector<double> c = doubles(yc), g = doubles(yg);
+      for (size_t i = 0; i < c.size(); ++i) {
+        if (std::isnan(c[i])) {
+          EXPECT_TRUE(std::isnan(g[i])) << i;
+        } else if (std::isinf(c[i])) {
+          EXPECT_EQ(g[i], c[i]) << i;
+        } else {
+          EXPECT_NEAR(g[i], c[i], 1e-6) << i;
+        }
       }
     }
   }
