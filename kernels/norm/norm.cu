@@ -299,8 +299,8 @@ bool launch_backward_regs(const T* g, const T* x, const float* mean, const float
   const int ni = static_cast<int>(n);
   const auto grid = static_cast<unsigned>(ch.nchunks);
   if (const int k = rows::warp_vecs(nv); k > 0 && k <= norm_regs::kBackwardMaxWarpVecs<T>) {
-    rows::with_warp_vecs<norm_regs::kBackwardMaxWarpVecs<T>>(k, [&](auto k) {
-      norm_regs::backward_kernel<T, kLayer, decltype(k)::value, true>
+    rows::with_warp_vecs<norm_regs::kBackwardMaxWarpVecs<T>>(k, [&](auto kv) {
+      norm_regs::backward_kernel<T, kLayer, decltype(kv)::value, true>
           <<<grid, norm_regs::kBackwardWarps * 32, 0, stream>>>(g, x, mean, rstd, w, dx, pw, pb,
                                                                 rows, ni, ch.chunk_rows);
     });
