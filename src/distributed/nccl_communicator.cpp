@@ -12,6 +12,17 @@
 // ncclCommGetAsyncError against the timeout); on a timeout or an asynchronous NCCL error the
 // NCCL communicator is aborted (ncclCommAbort, as PyTorch's watchdog does) so that no kernel
 // spins forever, and every later call on it is a td::Error.
+//
+// Note [NCCL point-to-point]: NCCL pairs sends and receives by issue order, without tags; the
+// communicator's send/recv go through a TagMatcher (Note [Tag matching] in
+// distributed/tag_matching.h) whose channels are two-rank NCCL communicators, one per direction
+// and pair of ranks, each on its own stream, opened by the channel's first message with a unique
+// id carried in its header.
+//
+// Note [Host tensors on a NCCL communicator]: an operation whose tensors are all on the CPU runs
+// on the MPI communicator the NCCL one was bootstrapped from (the trainer's agreement flags,
+// timings and metrics are host values), so one group object serves both kinds; mixing CPU and
+// CUDA tensors in one operation is an error.
 #include "tardelli/distributed/communicator.h"
 
 #if TD_WITH_CUDA
@@ -20,8 +31,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include "tardelli/distributed/tag_matching.h"
 #include "tardelli/ops/factory.h"
 #endif
 
@@ -178,6 +193,108 @@ class NcclWork final : public Work {
   bool finished_ = false;
 };
 
+// The ordered transport of Note [NCCL point-to-point]: channels are two-rank NCCL communicators
+// (sender rank 0, receiver rank 1).
+class NcclTransport final : public OrderedTransport {
+ public:
+  NcclTransport(int device, std::string where, std::chrono::milliseconds timeout)
+      : device_(device), where_(std::move(where)), timeout_(timeout) {}
+
+  Fence fence() override {
+    TD_CUDA_CHECK(cudaSetDevice(device_), where_);
+    cudaEvent_t e = nullptr;
+    TD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), where_);
+    const cudaError_t rc = cudaEventRecord(e, cudaStreamLegacy);
+    if (rc != cudaSuccess) {
+      cudaEventDestroy(e);
+      TD_ERROR(where_, ": cudaEventRecord failed: ", cudaGetErrorString(rc));
+    }
+    const int dev = device_;
+    return Fence(e, [dev](void* p) {
+      cudaSetDevice(dev);
+      cudaEventDestroy(static_cast<cudaEvent_t>(p));
+    });
+  }
+
+  void bind_thread() override { TD_CUDA_CHECK(cudaSetDevice(device_), where_); }
+
+  std::vector<int64_t> channel_token(int) override {
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    TD_NCCL_CHECK(ncclGetUniqueId(&id), where_);
+    std::vector<int64_t> words(sizeof(id) / 8);
+    std::memcpy(words.data(), &id, sizeof(id));
+    return words;
+  }
+
+  void open_send(int peer, const std::vector<int64_t>& token) override {
+    sends_[peer] = open(token, 0, detail::str_cat(where_, ": channel to rank ", peer));
+  }
+  void open_recv(int peer, const std::vector<int64_t>& token) override {
+    recvs_[peer] = open(token, 1, detail::str_cat(where_, ": channel from rank ", peer));
+  }
+
+  WorkPtr send(const Tensor& t, int peer, const Fence& after) override {
+    const std::string what = detail::str_cat(where_, ": send of ", t.numel(), " ",
+                                             dtype_name(t.dtype()), " to rank ", peer);
+    return issue(sends_.at(peer), after, what, t, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), 1, c, s);
+    });
+  }
+  WorkPtr recv(Tensor& t, int peer, const Fence& after) override {
+    const std::string what = detail::str_cat(where_, ": recv of ", t.numel(), " ",
+                                             dtype_name(t.dtype()), " from rank ", peer);
+    return issue(recvs_.at(peer), after, what, t, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), 0, c, s);
+    });
+  }
+
+  Tensor buffer(int64_t numel, DType dtype) override {
+    return empty({numel}, {dtype, cuda_device(device_)});
+  }
+
+ private:
+  std::shared_ptr<NcclState> open(const std::vector<int64_t>& token, int rank,
+                                  const std::string& ctx) {
+    TD_CHECK(token.size() * 8 == sizeof(ncclUniqueId), ctx, ": bad channel token (", token.size(),
+             " words)");
+    ncclUniqueId id;
+    std::memcpy(&id, token.data(), sizeof(id));
+    auto st = std::make_shared<NcclState>();
+    st->device = device_;
+    TD_CUDA_CHECK(cudaSetDevice(device_), ctx);
+    TD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), ctx);
+    TD_NCCL_CHECK(ncclCommInitRank(&st->comm, 2, id, rank), ctx);
+    return st;
+  }
+
+  template <typename F>
+  WorkPtr issue(const std::shared_ptr<NcclState>& ch, const Fence& after, const std::string& what,
+                const Tensor& t, F&& enqueue) {
+    TD_CHECK(!ch->aborted.load(), what, ": the channel was aborted by an earlier error");
+    if (after) {
+      TD_CUDA_CHECK(cudaStreamWaitEvent(ch->stream, static_cast<cudaEvent_t>(after.get()), 0),
+                    what);
+    }
+    const ncclResult_t r = enqueue(ch->comm, ch->stream);
+    TD_CHECK(r == ncclSuccess, what, ": NCCL call failed: ", ncclGetErrorString(r), " (",
+             ncclGetLastError(ch->comm), ")");
+    cudaEvent_t done = nullptr;
+    TD_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
+    const cudaError_t e = cudaEventRecord(done, ch->stream);
+    if (e != cudaSuccess) {
+      cudaEventDestroy(done);
+      TD_ERROR(what, ": cudaEventRecord failed: ", cudaGetErrorString(e));
+    }
+    return std::make_shared<NcclWork>(ch, done, what, std::vector<Tensor>{t}, timeout_);
+  }
+
+  int device_;
+  std::string where_;
+  std::chrono::milliseconds timeout_;
+  std::map<int, std::shared_ptr<NcclState>> sends_, recvs_;  // by peer; the matching thread's
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(CommPtr mpi, int device, std::string name, CommOptions options)
@@ -205,12 +322,16 @@ class NcclCommunicator final : public Communicator {
     mpi_->broadcast(id_words, 0);
     std::memcpy(&id, id_words.data_ptr(), sizeof(id));
     TD_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()), ctx);
+    p2p_ = std::make_unique<TagMatcher>(
+        mpi_, std::make_unique<NcclTransport>(device, where(), options.timeout), where(),
+        options.timeout);
   }
 
   const char* backend() const override { return "nccl"; }
 
  protected:
   WorkPtr do_all_reduce(Tensor& t, ReduceOp op, bool async_op) override {
+    if (on_host("all_reduce", {&t})) return mpi_->all_reduce(t, op, async_op);
     if (options().check_consistency) {
       check_consistency("all_reduce", t.dtype(), t.numel(), static_cast<int64_t>(op));
     }
@@ -226,6 +347,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkPtr do_all_gather(Tensor& out, const Tensor& in, bool async_op) override {
+    if (on_host("all_gather", {&out, &in})) return mpi_->all_gather(out, in, async_op);
     if (options().check_consistency) check_consistency("all_gather", in.dtype(), in.numel(), 0);
     return launch(
         detail::str_cat("all_gather of ", in.numel(), " ", dtype_name(in.dtype()), " per rank"),
@@ -238,6 +360,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkPtr do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op, bool async_op) override {
+    if (on_host("reduce_scatter", {&out, &in})) {
+      return mpi_->reduce_scatter(out, in, op, async_op);
+    }
     if (options().check_consistency) {
       check_consistency("reduce_scatter", out.dtype(), out.numel(), static_cast<int64_t>(op));
     }
@@ -253,6 +378,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkPtr do_broadcast(Tensor& t, int root, bool async_op) override {
+    if (on_host("broadcast", {&t})) return mpi_->broadcast(t, root, async_op);
     if (options().check_consistency) check_consistency("broadcast", t.dtype(), t.numel(), root);
     return launch(
         detail::str_cat("broadcast (root ", root, ") of ", t.numel(), " ", dtype_name(t.dtype())),
@@ -264,32 +390,29 @@ class NcclCommunicator final : public Communicator {
         async_op);
   }
 
-  // NCCL cannot check a receive's count against the message: the sizes must agree.
+  // Note [NCCL point-to-point]: tags are matched by the TagMatcher.
   WorkPtr do_send(const Tensor& t, int dst, int tag, bool async_op) override {
-    TD_CHECK(tag == 0, "send (", where(), "): the NCCL backend has no tags (got ", tag, ")");
-    return launch(
-        detail::str_cat("send of ", t.numel(), " ", dtype_name(t.dtype()), " to rank ", dst), {t},
-        [&](ncclComm_t c, cudaStream_t s) {
-          return ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), dst,
-                          c, s);
-        },
-        async_op);
+    if (on_host("send", {&t})) return mpi_->send(t, dst, tag, async_op);
+    WorkPtr w = p2p_->send(t, dst, tag);
+    if (async_op) return w;
+    w->wait();
+    return nullptr;
   }
 
   WorkPtr do_recv(Tensor& t, int src, int tag, bool async_op) override {
-    TD_CHECK(tag == 0, "recv (", where(), "): the NCCL backend has no tags (got ", tag, ")");
-    return launch(
-        detail::str_cat("recv of ", t.numel(), " ", dtype_name(t.dtype()), " from rank ", src), {t},
-        [&](ncclComm_t c, cudaStream_t s) {
-          return ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), src,
-                          c, s);
-        },
-        async_op);
+    if (on_host("recv", {&t})) return mpi_->recv(t, src, tag, async_op);
+    WorkPtr w = p2p_->recv(t, src, tag);
+    if (async_op) return w;
+    w->wait();
+    return nullptr;
   }
 
   // NCCL has no all-to-all: one group of sends and receives, as PyTorch does.
   WorkPtr do_all_to_all(Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
                         const std::vector<int64_t>& in_splits, bool async_op) override {
+    if (on_host("all_to_all", {&out, &in})) {
+      return mpi_->all_to_all(out, in, out_splits, in_splits, async_op);
+    }
     if (options().check_consistency) check_splits(in, in_splits, out_splits);
     const size_t es = in.element_size();
     return launch(
@@ -418,8 +541,27 @@ class NcclCommunicator final : public Communicator {
     return nullptr;
   }
 
+  // Note [Host tensors on a NCCL communicator]: true when every tensor is on the CPU (the
+  // operation then runs over MPI); false when every one is on this communicator's device.
+  bool on_host(const char* op, std::initializer_list<const Tensor*> ts) const {
+    int host = 0, here = 0;
+    for (const Tensor* t : ts) {
+      if (!t->is_cuda()) {
+        ++host;
+      } else if (t->device().index == state_->device) {
+        ++here;
+      }
+    }
+    const int n = static_cast<int>(ts.size());
+    TD_CHECK(host == n || here == n, op, " (", where(),
+             "): tensors must all be on the CPU or all on ", "cuda:", state_->device,
+             " (the communicator's device)");
+    return host == n;
+  }
+
   CommPtr mpi_;
   std::shared_ptr<NcclState> state_;
+  std::unique_ptr<TagMatcher> p2p_;
 };
 
 }  // namespace

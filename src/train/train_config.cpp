@@ -94,7 +94,12 @@ const Field kFields[] = {
     TD_FIELD(
         device,
         "cpu | cuda | cuda:N: where the model trains (batches are prepared on the host and copied; "
-        "several ranks: each on cuda:{local rank % GPUs}, collectives staged through host memory)"),
+        "several ranks: each on cuda:{local rank % GPUs}, collectives as --gpu-comm says)"),
+    TD_FIELD(gpu_comm,
+             "several ranks on GPUs: how their groups communicate. nccl: NCCL (one rank per GPU) | "
+             "host-staged: through host memory over MPI (ranks may share a GPU) | auto: nccl "
+             "unless ranks share a GPU",
+             "auto", "nccl", "host-staged"),
     TD_FIELD(data, "Megatron dataset prefix (PREFIX.idx/.bin)"),
     TD_FIELD(split, "train,valid,test document ratios"),
     TD_FIELD(synthetic_data, "random tokens drawn from the seed instead of a dataset"),

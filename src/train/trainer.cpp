@@ -8,9 +8,13 @@
 // ops are deterministic for a given thread count, so on the CPU in fp32 a resumed run repeats
 // the uninterrupted run's losses bitwise (tests/python/test_train.py checks it).
 //
-// Note [Ranks on GPUs]: each rank trains on cuda:{local rank % devices}; its groups move CUDA
-// tensors through host memory over MPI (distributed/host_staged.h), which also serves several
-// ranks sharing one GPU (NCCL needs one rank per device: not wired to the trainer yet).
+// Note [Ranks on GPUs]: each rank trains on cuda:{local rank % devices}. With one rank per GPU
+// its groups are NCCL communicators (one per process-grid group, created once by the grid's
+// splits; point-to-point matched by tag: Note [NCCL point-to-point]); host tensors on them go
+// over MPI. Ranks that share a GPU (NCCL refuses two ranks on one device; the lent test machine
+// has one GPU) move CUDA tensors through host memory over MPI instead (distributed/
+// host_staged.h). --gpu-comm auto finds out which from every rank's (host, device), gathered
+// once; nccl insists and names the ranks that share a device.
 //
 // Note [Parallelize step]: the model (or this rank's pipeline chunks) is built from the seed
 // with every parameter drawn from its own named stream, then each rank keeps its
@@ -63,11 +67,14 @@
 // of it the cross-node step of --hierarchical-reduce carried.
 #include "tardelli/train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <set>
 #include <thread>
@@ -81,6 +88,7 @@
 #include "tardelli/core/error.h"
 #include "tardelli/distributed/collectives.h"
 #include "tardelli/distributed/host_staged.h"
+#include "tardelli/distributed/tag_matching.h"
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/factory.h"
 #include "tardelli/ops/join.h"
@@ -131,6 +139,41 @@ std::string device_for_rank(const std::string& device) {
     }
   }
   return "cuda:" + std::to_string(local % n);
+}
+
+bool env_is_1(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Note [Ranks on GPUs]: the world for ranks on `device`, by --gpu-comm.
+dist::CommPtr gpu_world(const dist::CommPtr& mpi, Device device, const std::string& how) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  Tensor mine = from_vector(
+      std::vector<int64_t>{static_cast<int64_t>(std::hash<std::string>{}(host)), device.index},
+      {2});
+  Tensor all = empty({2 * mpi->size()}, {DType::Int64});
+  mpi->all_gather(all, mine);
+  const std::vector<int64_t> v = to_vector<int64_t>(all);
+  std::string shared;
+  for (int a = 0; a < mpi->size() && shared.empty(); ++a) {
+    for (int b = a + 1; b < mpi->size(); ++b) {
+      if (v[2 * a] == v[2 * b] && v[2 * a + 1] == v[2 * b + 1]) {
+        shared = td::detail::str_cat("ranks ", a, " and ", b, " share cuda:", v[2 * a + 1]);
+        break;
+      }
+    }
+  }
+  if (how == "nccl" || (how == "auto" && shared.empty())) {
+    if (!shared.empty()) {
+      throw ConfigError("--gpu-comm nccl: " + shared +
+                        " (NCCL needs one rank per GPU; --gpu-comm host-staged or auto moves "
+                        "their tensors through host memory instead)");
+    }
+    return dist::nccl_communicator(mpi, device.index);
+  }
+  return dist::host_staged(mpi);
 }
 
 // Python's _mean_over_ranks: the mean over the world, in fp32 (one process: the value itself).
@@ -192,13 +235,12 @@ Trainer::Trainer(TrainConfig cfg, dist::CommPtr world, std::optional<CheckpointO
   }
   std::string device = c.device;
   if (world_ != nullptr && size > 1 && device != "cpu") {
-    // Note [Ranks on GPUs]: cuda:{local rank % devices},
-    // collectives staged through host memory.
-    device = device_for_rank(device);
-    world_ = dist::host_staged(world_);
+    device = device_for_rank(device);  // Note [Ranks on GPUs]
+    world_ = gpu_world(world_, Device::parse(device), c.gpu_comm);
   } else if (world_ != nullptr) {
-    const char* stage = std::getenv("TD_TEST_STAGE_HOST_TENSORS");
-    if (stage != nullptr && std::string(stage) == "1") world_ = dist::host_staged(world_, true);
+    // Testing aids: CPU ranks take the staging, or the tag matching, of the GPU paths.
+    if (env_is_1("TD_TEST_STAGE_HOST_TENSORS")) world_ = dist::host_staged(world_, true);
+    if (env_is_1("TD_TEST_TAG_MATCHED_P2P")) world_ = dist::tag_matched_mpi(world_);
   }
   device_ = Device::parse(device);
   cfg_.device = device;

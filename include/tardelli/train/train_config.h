@@ -76,6 +76,7 @@ struct TrainConfig {
   int64_t loss_scale_window = 2000;
   int64_t seed = 1337;
   std::string device = "cpu";
+  std::string gpu_comm = "auto";
   // ---- data ----
   std::string data;
   std::string split = "98,1,1";
