@@ -10,6 +10,12 @@
 // consistency check). Then one "overlap" line: overlap = (t_comm + t_comp - t_both) /
 // min(t_comm, t_comp), for td's async all_reduce (progress thread) and for a raw
 // MPI_Iallreduce completed by MPI_Wait after the compute (no progress thread).
+//
+// On GPUs (issue 23):  mpirun -np N comm_bench [max_bytes] --device cuda [--gpu-comm nccl|staged]
+// times the same collectives plus a tagged send/recv ping-pong on CUDA tensors of
+// cuda:{local rank % GPUs}, through NCCL (one rank per GPU; one rank exercises NCCL alone) or
+// host staging over MPI (ranks sharing a GPU: the default when they do). No raw-MPI column and no
+// overlap line there; each line names the device and the backend.
 #include <mpi.h>
 #include <omp.h>
 
@@ -22,7 +28,9 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "tardelli/core/cuda_runtime.h"
 #include "tardelli/distributed/communicator.h"
+#include "tardelli/distributed/host_staged.h"
 #include "tardelli/tardelli.h"
 
 namespace dist = td::distributed;
@@ -57,8 +65,107 @@ struct Case {
 
 }  // namespace
 
+// The local rank from the launcher's environment (0 when none says).
+int local_rank() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return 0;
+}
+
+// The GPU mode (see the header): every collective and a ping-pong on CUDA tensors.
+int run_on_gpu(int64_t max_bytes, std::string how) {
+  const dist::CommOptions unchecked{std::chrono::minutes(5), false};
+  dist::CommPtr mpi = dist::mpi_world(unchecked);
+  const int n = mpi->size(), me = mpi->rank();
+  if (!td::cuda_available()) {
+    if (me == 0) std::printf("{\"bench\": \"comm\", \"skipped\": \"no CUDA device\"}\n");
+    dist::finalize();
+    return 0;
+  }
+  const int gpus = td::cuda_device_count();
+  const int dev = local_rank() % gpus;
+  const bool shared = n > gpus;  // one node: more ranks than GPUs means some share
+  if (how.empty()) how = shared ? "staged" : "nccl";
+  dist::CommPtr comm =
+      how == "nccl" ? dist::nccl_communicator(mpi, dev, unchecked) : dist::host_staged(mpi);
+  const td::TensorOptions o{td::DType::Float32, td::cuda_device(dev), false};
+  const dist::ReduceOp sum = dist::ReduceOp::Sum;
+  for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 16) {
+    const int64_t total = std::max<int64_t>(n, bytes / 4 / n * n), chunk = total / n;
+    td::Tensor full = td::ones({total}, o), part = td::ones({chunk}, o),
+               full2 = td::ones({total}, o);
+    std::vector<Case> cases = {
+        {"all_reduce", 2.0 * (n - 1) / n, {}, [&] { comm->all_reduce(full, sum); }, {}},
+        {"all_gather",
+         static_cast<double>(n - 1) / n,
+         {},
+         [&] { comm->all_gather(full, part); },
+         {}},
+        {"reduce_scatter",
+         static_cast<double>(n - 1) / n,
+         {},
+         [&] { comm->reduce_scatter(part, full, sum); },
+         {}},
+        {"broadcast", 1.0, {}, [&] { comm->broadcast(full, 0); }, {}},
+        {"all_to_all",
+         static_cast<double>(n - 1) / n,
+         {},
+         [&] { comm->all_to_all(full2, full); },
+         {}},
+    };
+    if (n >= 2) {  // rank 0 <-> rank 1, tagged as the pipeline's messages are; time per trip
+      cases.push_back({"send_recv",
+                       1.0,
+                       {},
+                       [&] {
+                         if (me == 0) {
+                           comm->send(full, 1, 7);
+                           comm->recv(full2, 1, 8);
+                         } else if (me == 1) {
+                           comm->recv(full2, 0, 7);
+                           comm->send(full, 0, 8);
+                         }
+                       },
+                       {}});
+    }
+    for (const Case& c : cases) {
+      td::cuda_synchronize();
+      const double t = time_per_call(c.td);
+      const double sz = static_cast<double>(total) * 4;
+      if (me == 0) {
+        std::printf(
+            "{\"bench\": \"comm\", \"device\": \"cuda\", \"backend\": \"%s\", "
+            "\"op\": \"%s\", \"ranks\": %d, \"gpus\": %d, \"size_bytes\": %.0f, "
+            "\"time_us\": %.2f, \"algbw_GBps\": %.3f, \"busbw_GBps\": %.3f}\n",
+            comm->backend(), c.op, n, gpus, sz, t * 1e6, sz / t / 1e9,
+            sz / t / 1e9 * c.busbw_factor);
+        std::fflush(stdout);
+      }
+    }
+  }
+  comm.reset();
+  mpi.reset();
+  dist::finalize();
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  int64_t max_bytes = argc > 1 ? std::atoll(argv[1]) : int64_t{64} << 20;
+  int64_t max_bytes = int64_t{64} << 20;
+  std::string device = "cpu", how;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) {
+      device = argv[++i];
+    } else if (a == "--gpu-comm" && i + 1 < argc) {
+      how = argv[++i];
+    } else {
+      max_bytes = std::atoll(argv[i]);
+    }
+  }
+  if (device == "cuda") return run_on_gpu(max_bytes, how);
   dist::CommPtr checked = dist::mpi_world();
   dist::CommPtr comm = dist::mpi_world(dist::CommOptions{std::chrono::minutes(5), false});
   const int n = comm->size(), me = comm->rank();

@@ -85,7 +85,13 @@ fi
 PY=${TD_PYTHON:-python3}
 # MPI (the multi-rank layout stage): where this machine has Open MPI or MPICH with its compiler
 # wrapper; else the build has no MPI and the layout stage says why it cannot run.
+# The GPU image has none: Open MPI from the wheel scripts/gpu_deps.sh fetched (scripts/gpu_mpi.sh).
 WITH_MPI=OFF
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
+  # shellcheck source=../../scripts/gpu_mpi.sh
+  source scripts/gpu_mpi.sh
+  td_gpu_mpi || echo "no MPI here and no Open MPI wheel in .gpu-deps"
+fi
 if command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; then WITH_MPI=ON; fi
 WITH_PYTHON=OFF
 PYBIND_DIR=$($PY -m pybind11 --cmakedir 2>/dev/null || true)
@@ -289,9 +295,19 @@ if want layouts; then
     MPIENV=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TD_COMM_TIMEOUT_S=60)
     if [[ -x "$BUILD/tests/distributed/td_dist_tests" ]]; then
       "${MPIENV[@]}" timeout 60 mpirun --oversubscribe --bind-to none -np 2 \
-        "$BUILD/tests/distributed/td_dist_tests" --gtest_filter='HostStaged*' \
-        >"$OUT/host_staged.log" 2>&1 || fail "td_dist_tests HostStaged* (2 ranks)"
+        "$BUILD/tests/distributed/td_dist_tests" --gtest_filter='HostStaged*:NcclCommunicator*' \
+        >"$OUT/host_staged.log" 2>&1 || fail "td_dist_tests HostStaged*, NcclCommunicator* (2 ranks)"
       grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/host_staged.log" | head -5
+    fi
+    # Issue 23: NCCL at one rank, then the shared-device path (2 ranks on the GPU), on CUDA
+    # tensors up to 64 MiB (benchmarks/comm_bench.cpp's GPU mode).
+    if [[ -x "$BUILD/benchmarks/comm_bench" ]]; then
+      for np in 1 2; do
+        "${MPIENV[@]}" timeout 90 mpirun --oversubscribe --bind-to none -np $np \
+          "$BUILD/benchmarks/comm_bench" 67108864 --device cuda >>"$OUT/comm_gpu.jsonl" \
+          2>>"$OUT/comm_gpu.err" || fail "comm_bench --device cuda at $np ranks"
+      done
+      grep -E '"size_bytes": 6710886' "$OUT/comm_gpu.jsonl" | head -12
     fi
     "${MPIENV[@]}" PYTHONPATH=python timeout 300 $PY benchmarks/gpu/layout_parity.py \
       --device cuda >"$OUT/layouts.jsonl" 2>"$OUT/layouts.err" || fail "layout parity on CUDA"
