@@ -40,6 +40,10 @@ def parse_args():
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--breakdown", action="store_true",
                    help="also time forward, backward and optimizer step separately (synchronized)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also print td's N most expensive GPU kernels and CUDA runtime calls per "
+                        "step (torch.profiler over 3 steps: CUPTI records every kernel of the "
+                        "process, td's included)")
     return p.parse_args()
 
 
@@ -82,6 +86,45 @@ def phases(fwd, bwd, opt_step, sync, steps):
         out["backward_ms"].append((t2 - t1) * 1e3)
         out["optimizer_ms"].append((t3 - t2) * 1e3)
     return {k: statistics.median(v) for k, v in out.items()}
+
+
+def kernel_profile(step, sync, top, steps=3):
+    """td's step under torch.profiler: the `top` GPU kernels by device time and the `top` CUDA
+    runtime calls by count (host synchronizations show as cudaMemcpy / cudaStreamSynchronize /
+    cudaEventSynchronize), each per step. CUPTI traces every kernel of the process, so td's
+    kernels appear although torch launched none of them. Empty (with a note) without torch."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as e:
+        return [{"bench": "gpt_step_profile", "skipped": str(e)}]
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    kernels, runtime = {}, {}
+    for e in prof.events():
+        kind = str(getattr(e, "device_type", ""))
+        dev_us = e.time_range.elapsed_us() if kind.endswith("CUDA") else 0.0
+        if dev_us:
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += dev_us
+        elif e.name.startswith("cuda") or e.name.startswith("cu"):
+            r = runtime.setdefault(e.name, [0, 0.0])
+            r[0] += 1
+            r[1] += getattr(e, "cpu_time", 0.0) or 0.0
+    total = sum(v[1] for v in kernels.values())
+    out = [{"bench": "gpt_step_profile", "gpu_kernel_ms_per_step": total / 1e3 / steps,
+            "kernels": len(kernels),
+            "launches_per_step": sum(v[0] for v in kernels.values()) / steps}]
+    for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append({"bench": "gpt_step_profile", "kernel": name[:120], "calls_per_step": n / steps,
+                    "ms_per_step": us / 1e3 / steps, "share": us / total if total else 0.0})
+    for name, (n, us) in sorted(runtime.items(), key=lambda kv: -kv[1][0])[:top]:
+        out.append({"bench": "gpt_step_profile", "runtime_call": name, "calls_per_step": n / steps,
+                    "host_ms_per_step": us / 1e3 / steps})
+    return out
 
 
 def main():
@@ -129,6 +172,10 @@ def main():
         rows[-1].update(phases(td_fwd, lambda l: l.backward(), td_opt, td.cuda.synchronize,
                                a.steps))
     print(json.dumps(rows[-1]), flush=True)
+    if a.profile:
+        for r in kernel_profile(lambda: train_step(td_fwd, td_opt), td.cuda.synchronize,
+                                a.profile):
+            print(json.dumps(r), flush=True)
     del model, opt, x, y, loss, td_fwd, td_opt
     td.cuda.empty_cache()
 

@@ -168,6 +168,22 @@ def main():
             dt = c["dtype"] + (f" + fp8 {c['fp8']}" if c.get("fp8", "none") != "none" else "")
             out.append(f"| {shape} | {dt} | {r['td_tokens_per_s']:,.0f} | "
                        f"{r['td_mfu']:.1%} | {t} |")
+    prof = [r for r in rows if r.get("bench") == "gpt_step_profile"]
+    head = [r for r in prof if "gpu_kernel_ms_per_step" in r]
+    if head:  # where td's GPT-2 step spends its GPU time (gpt_step_bench.py --profile)
+        h = head[0]
+        out += ["", f"td GPT-2 step profile: {h['gpu_kernel_ms_per_step']:.1f} ms of kernels, "
+                f"{h['launches_per_step']:.0f} launches per step", "",
+                "| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
+        for r in prof:
+            if "kernel" in r:
+                out.append(f"| {r['kernel'][:80]} | {r['calls_per_step']:.0f} | "
+                           f"{r['ms_per_step']:.2f} | {r['share']:.1%} |")
+        calls = [r for r in prof if "runtime_call" in r]
+        if calls:
+            out.append("")
+            out.append("CUDA runtime calls per step: " + ", ".join(
+                f"{r['runtime_call']} {r['calls_per_step']:.0f}" for r in calls[:12]))
     cpu = [r for r in rows if r.get("bench") == "train_step"]
     if cpu:  # issue 4's CPU targets, measured on this host's CPU where it has AMX
         out += ["", "| CPU GPT-2 step (2 threads) | matmul kernel | td ms | torch fp32 ms | "
