@@ -15,13 +15,16 @@ size_t align_up(size_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;
 }
 
+// An out-of-range index becomes key `num`, which sorts after every row's positions and belongs
+// to no row: its gradient row is dropped (Note [Deferred device checks] reports it).
 template <typename IndexT>
-__global__ void prepare_pairs_kernel(const IndexT* __restrict__ indices, int64_t n,
+__global__ void prepare_pairs_kernel(const IndexT* __restrict__ indices, int64_t n, int64_t num,
                                      int64_t* __restrict__ keys, int64_t* __restrict__ positions) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    keys[i] = static_cast<int64_t>(indices[i]);
+    const auto k = static_cast<int64_t>(indices[i]);
+    keys[i] = k >= 0 && k < num ? k : num;
     positions[i] = i;
   }
 }
@@ -75,10 +78,10 @@ __global__ void accumulate_rows_kernel(const T* __restrict__ grad,
   }
 }
 
-// Bits of the radix sort: enough for keys in [0, num).
+// Bits of the radix sort: enough for keys in [0, num] (num: an out-of-range index).
 int key_bits(int64_t num) {
   int bits = 1;
-  while (bits < 63 && (int64_t{1} << bits) < num) ++bits;
+  while (bits < 63 && (int64_t{1} << bits) <= num) ++bits;
   return bits;
 }
 
@@ -120,8 +123,8 @@ void embedding_backward(const T* grad, const IndexT* indices, T* grad_weight, in
     if (used + temp_bytes > scratch_bytes) {
       TD_CUDA_CHECK(cudaErrorInvalidValue);  // the caller sized the scratch wrongly
     }
-    prepare_pairs_kernel<IndexT>
-        <<<grid_for(n, kThreads), kThreads, 0, stream>>>(indices, n, keys_in, pos_in);
+    prepare_pairs_kernel<IndexT><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        indices, n, num_embeddings, keys_in, pos_in);
     TD_CUDA_LAUNCH_CHECK();
     TD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, pos_in,
                                                   pos_out, n, 0, key_bits(num_embeddings), stream));

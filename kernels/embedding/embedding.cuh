@@ -17,7 +17,8 @@
 namespace td::kernels {
 
 // The forward lookup and the index validation are index_select along dim 0 and
-// find_bad_index (kernels/indexing/indexing.cuh): the same row gather and the same check.
+// mark_bad_index (kernels/indexing/indexing.cuh): the same row gather and the same check,
+// reported by a deferred check (Note [Deferred device checks]).
 
 // Device scratch (bytes) that embedding_backward needs for n indices and num_embeddings rows.
 template <typename IndexT>
@@ -26,8 +27,8 @@ size_t embedding_backward_scratch_bytes(int64_t n, int64_t num_embeddings);
 // grad_weight[v, :] = sum over positions i with indices[i] == v, in increasing i, of
 // grad[i, :] (fp32 accumulation, rounded once to T). grad is [n, dim] contiguous, grad_weight
 // [num_embeddings, dim] contiguous; every row of grad_weight is written. `scratch` holds
-// embedding_backward_scratch_bytes(n, num_embeddings) bytes, 256-byte aligned. Indices must be
-// valid.
+// embedding_backward_scratch_bytes(n, num_embeddings) bytes, 256-byte aligned. The gradient rows
+// of indices outside [0, num_embeddings) are dropped (the caller reports those indices).
 template <typename T, typename IndexT>
 void embedding_backward(const T* grad, const IndexT* indices, T* grad_weight, int64_t n,
                         int64_t num_embeddings, int64_t dim, void* scratch, size_t scratch_bytes,

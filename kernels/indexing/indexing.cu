@@ -36,7 +36,9 @@ __global__ void gather_kernel(const E* x, E* out, const I* idx, int64_t mid, int
        e += stride) {
     const int64_t c = e % inner, t = e / inner;
     const int64_t i = t % n, o = t / n;
-    out[e] = x[(o * mid + static_cast<int64_t>(idx[i])) * inner + c];
+    // An out-of-range index gathers zeros (Note [Deferred device checks] reports it).
+    const auto k = static_cast<int64_t>(idx[i]);
+    out[e] = k >= 0 && k < mid ? x[(o * mid + k) * inner + c] : E{};
   }
 }
 
@@ -131,13 +133,20 @@ __global__ void index_add_kernel(const T* x, const T* src, const uint64_t* keys,
 }  // namespace
 
 template <typename I>
+void mark_bad_index(const I* idx, int64_t n, int64_t size, void* scratch, cudaStream_t stream) {
+  auto* first = static_cast<unsigned long long*>(scratch);
+  TD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(*first), stream));
+  if (n == 0) return;
+  find_bad_index_kernel<I><<<grid_for(n, kThreads), kThreads, 0, stream>>>(idx, n, size, first);
+  TD_CUDA_LAUNCH_CHECK();
+}
+
+template <typename I>
 int64_t find_bad_index(const I* idx, int64_t n, int64_t size, void* scratch, int64_t* bad_value,
                        cudaStream_t stream) {
   if (n == 0) return -1;
   auto* first = static_cast<unsigned long long*>(scratch);
-  TD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(*first), stream));
-  find_bad_index_kernel<I><<<grid_for(n, kThreads), kThreads, 0, stream>>>(idx, n, size, first);
-  TD_CUDA_LAUNCH_CHECK();
+  mark_bad_index<I>(idx, n, size, scratch, stream);
   unsigned long long pos = 0;
   TD_CUDA_CHECK(cudaMemcpyAsync(&pos, first, sizeof(pos), cudaMemcpyDeviceToHost, stream));
   TD_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -207,6 +216,7 @@ void index_add(const T* x, const T* src, const I* idx, T* out, int64_t outer, in
 }
 
 #define TD_INDEXING_BY_INDEX(I)                                                                   \
+  template void mark_bad_index<I>(const I*, int64_t, int64_t, void*, cudaStream_t);               \
   template int64_t find_bad_index<I>(const I*, int64_t, int64_t, void*, int64_t*, cudaStream_t);  \
   template void index_select<I>(const void*, void*, const I*, int64_t, int64_t, int64_t, int64_t, \
                                 size_t, cudaStream_t);

@@ -11,6 +11,12 @@
 
 namespace td::kernels {
 
+// Writes to the 8 scratch bytes the first position i with idx[i] outside [0, size), or all ones
+// (~0ULL) when every index is valid, without reading it back (Note [Deferred device checks] in
+// runtime/deferred_checks.cuh).
+template <typename I>
+void mark_bad_index(const I* idx, int64_t n, int64_t size, void* scratch, cudaStream_t stream);
+
 // The first position i with idx[i] outside [0, size), or -1 when every index is valid; the
 // offending value goes to *bad_value. Reads the answer back, so it synchronizes the stream.
 // scratch: 8 bytes of device memory. I: int32_t or int64_t.
@@ -18,8 +24,8 @@ template <typename I>
 int64_t find_bad_index(const I* idx, int64_t n, int64_t size, void* scratch, int64_t* bad_value,
                        cudaStream_t stream);
 
-// out[o, i, c] = x[o, idx[i], c] for elements of elem_bytes (1, 2, 4 or 8) bytes; every index
-// already checked.
+// out[o, i, c] = x[o, idx[i], c] for elements of elem_bytes (1, 2, 4 or 8) bytes; an index outside
+// [0, mid) gathers zeros (its caller reports it: find_bad_index or mark_bad_index).
 template <typename I>
 void index_select(const void* x, void* out, const I* idx, int64_t outer, int64_t mid, int64_t n,
                   int64_t inner, size_t elem_bytes, cudaStream_t stream);

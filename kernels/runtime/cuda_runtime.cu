@@ -6,6 +6,7 @@
 #include "device/device_query.cuh"
 #include "runtime/cuda_allocator.cuh"
 #include "runtime/cuda_check.cuh"
+#include "runtime/deferred_checks.cuh"
 #include "runtime/device_guard.cuh"
 #include "runtime/stream.cuh"
 #include "tardelli/core/cuda_runtime.h"
@@ -68,6 +69,7 @@ void cuda_synchronize(int device) {
   check_device("cuda_synchronize", device);
   cuda::DeviceGuard guard(device);
   TD_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::run_deferred_checks();  // Note [Deferred device checks]
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
@@ -87,6 +89,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     cuda::copy_d2d(dst, src, nbytes, stream);
   }
   stream.synchronize();
+  // The host waited for the device: run the checks deferred until such a point.
+  if (dst_device.is_cpu()) cuda::run_deferred_checks();
 }
 
 DataPtr allocate_pinned_host(size_t nbytes) {

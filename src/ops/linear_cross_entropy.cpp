@@ -6,6 +6,7 @@
 #include "tardelli/ops/copy.h"
 #include "tardelli/ops/elementwise.h"
 #include "tardelli/ops/factory.h"
+#include "tardelli/ops/indexing.h"
 #include "tardelli/ops/loss.h"
 #include "tardelli/ops/matmul.h"
 #include "tardelli/ops/reduction.h"
@@ -23,7 +24,7 @@
 // forward under grad mode whose backward never runs has done the gradient work for nothing.
 // The chunk loss is a Sum so that the mean over all non-ignored rows is exact whatever the
 // chunking. On CUDA the same code runs on device tensors (the GEMMs and the fused cross-entropy
-// kernels); only each chunk's summed loss comes back to the host.
+// kernels) and reads nothing back (Note [Head without read-backs]).
 
 namespace td {
 
@@ -68,12 +69,22 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   const bool grad = autograd::needs_grad({x, weight});
   const bool need_x = grad && x.requires_grad(), need_w = grad && weight.requires_grad();
 
+  // Note [Head without read-backs]: on a GPU the count, the chunks' sums and the mean stay on
+  // the device and the targets are checked by a deferred check, so the head reads nothing back
+  // (it took one read per chunk, one for the count and one in backward); the CPU keeps its
+  // double sums on the host (bitwise as before).
+  const bool on_device = x.is_cuda();
   Tensor dx, dw32;  // d(sum of losses)/d x and / d weight (fp32), then divided by the count
   int64_t count = 0;
   double total = 0;
+  Tensor count_dev, total_dev;  // on_device: fp32 0-dim tensors
   {
     autograd::NoGradGuard ng;
-    count = count_valid(target, ignore_index);
+    if (on_device) {
+      count_dev = to_dtype(sum(ne(target, static_cast<double>(ignore_index))), DType::Float32);
+    } else {
+      count = count_valid(target, ignore_index);
+    }
     const Tensor xd = x.detach(), wd = weight.detach();
     if (need_x) dx = Tensor::empty(x.sizes(), x.dtype(), x.device());
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -81,11 +92,21 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
       Tensor xc = xd.narrow(0, r0, n), tc = target.narrow(0, r0, n);
       Tensor l = chunk_logits_fp32(xc, wd);
       if (!grad) {
-        total += cross_entropy(l, tc, ignore_index, Reduction::Sum).item_double();
+        Tensor part = cross_entropy(l, tc, ignore_index, Reduction::Sum);
+        if (on_device) {
+          total_dev = total_dev.defined() ? add(total_dev, part) : part;
+        } else {
+          total += part.item_double();
+        }
         continue;
       }
       // The chunk's logits become the gradient of its summed loss, in place.
-      total += cross_entropy_sum_and_grad_(l, tc, ignore_index);
+      if (on_device) {
+        Tensor part = cross_entropy_sum_and_grad_on_device_(l, tc, ignore_index);
+        total_dev = total_dev.defined() ? add(total_dev, part) : part;
+      } else {
+        total += cross_entropy_sum_and_grad_(l, tc, ignore_index);
+      }
       Tensor dl = x.dtype() == DType::Float32 ? l : to_dtype(l, x.dtype());
       if (need_x) copy_into(dx.narrow(0, r0, n), matmul(dl, wd));
       if (need_w) {
@@ -103,17 +124,32 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   // The mean's 1/count is applied in backward, with the incoming gradient, in the one pass that
   // forms the results (all rows ignored: zero gradient).
   const double inv = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-  // All rows ignored: 0/0 = NaN, as cross_entropy's Mean.
-  Tensor out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32,
-                             x.device());
+  Tensor out, inv_dev;
+  if (on_device) {  // Note [Head without read-backs]
+    autograd::NoGradGuard ng;
+    if (!total_dev.defined()) total_dev = zeros({}, {DType::Float32, x.device()});
+    out = div(total_dev, count_dev);  // all rows ignored: 0/0 = NaN, as cross_entropy's Mean
+    inv_dev = where(gt(count_dev, 0.0), div(full({}, 1.0, {DType::Float32, x.device()}), count_dev),
+                    zeros({}, {DType::Float32, x.device()}));
+  } else {
+    // All rows ignored: 0/0 = NaN, as cross_entropy's Mean.
+    out = scalar_tensor(count > 0 ? total / static_cast<double>(count) : NAN, DType::Float32,
+                        x.device());
+  }
   if (grad) {
     autograd::record("LinearCrossEntropyBackward", {x, weight}, {&out},
-                     [dx, dw32, inv, wdtype = weight.dtype()](const TensorList& g,
-                                                              const std::vector<bool>& need) {
+                     [dx, dw32, inv, inv_dev, wdtype = weight.dtype()](
+                         const TensorList& g, const std::vector<bool>& need) {
                        // New tensors, not the saved ones: with retain_graph a second backward
                        // must find them unchanged.
-                       const double s = g[0].item_double() * inv;
                        Tensor gx, gw;
+                       if (inv_dev.defined()) {  // on the device, without a read-back
+                         const Tensor s = mul(to_dtype(g[0], DType::Float32), inv_dev);
+                         if (need[0] && dx.defined()) gx = to_dtype(mul(dx, s), dx.dtype());
+                         if (need[1] && dw32.defined()) gw = to_dtype(mul(dw32, s), wdtype);
+                         return TensorList{gx, gw};
+                       }
+                       const double s = g[0].item_double() * inv;
                        if (need[0] && dx.defined()) gx = mul(dx, s);
                        if (need[1] && dw32.defined()) gw = to_dtype(mul(dw32, s), wdtype);
                        return TensorList{gx, gw};

@@ -144,9 +144,9 @@ Tensor ce_forward_cpu(const Tensor& logits, const Tensor& target, const Shape& b
 
 }  // namespace
 
-double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
-                                   int64_t ignore_index) {
-  const char* op = "cross_entropy_sum_and_grad_";
+namespace {
+
+void check_sum_and_grad_args(const char* op, const Tensor& logits, const Tensor& target) {
   ops::check_defined(logits, op, "input");
   ops::check_defined(target, op, "target");
   TD_CHECK(logits.dim() == 2 && logits.dtype() == DType::Float32 && logits.is_contiguous(), op,
@@ -154,20 +154,44 @@ double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
   TD_CHECK(target.dim() == 1 && target.size(0) == logits.size(0) && is_integral(target.dtype()), op,
            ": expected an int target [", logits.size(0), "], got ", describe(target));
   ops::check_same_device(logits, target, op);
+}
+
 #if TD_WITH_CUDA
-  if (logits.is_cuda()) {
-    // The CUDA forward and backward kernels, then the gradient over the logits.
-    CeSaved s;
-    s.logits = logits;
-    Tensor loss =
-        cuda_ops::cross_entropy_forward(logits, target, ignore_index, Reduction::Sum, 0.0,
-                                        {logits.size(0)}, s.target_dev, s.shift, s.log_s, s.count);
-    Tensor one = scalar_tensor(1.0, DType::Float32, logits.device());
-    Tensor dl = ce_backward(one, s, logits.sizes(), ignore_index, Reduction::Sum, 0.0);
-    const double total = loss.item_double();
-    copy_into(logits, dl);
-    return total;
-  }
+// The CUDA forward and backward kernels, then the gradient over the logits; the sum stays on
+// the device. `deferred`: the targets' check too (Note [Deferred device checks]).
+Tensor sum_and_grad_cuda(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                         bool deferred) {
+  CeSaved s;
+  s.logits = logits;
+  Tensor loss = cuda_ops::cross_entropy_forward(logits, target, ignore_index, Reduction::Sum, 0.0,
+                                                {logits.size(0)}, s.target_dev, s.shift, s.log_s,
+                                                s.count, deferred);
+  Tensor one = scalar_tensor(1.0, DType::Float32, logits.device());
+  Tensor dl = ce_backward(one, s, logits.sizes(), ignore_index, Reduction::Sum, 0.0);
+  copy_into(logits, dl);
+  return loss;
+}
+#endif
+
+}  // namespace
+
+Tensor cross_entropy_sum_and_grad_on_device_(const Tensor& logits, const Tensor& target,
+                                             int64_t ignore_index) {
+  const char* op = "cross_entropy_sum_and_grad_";
+  check_sum_and_grad_args(op, logits, target);
+#if TD_WITH_CUDA
+  if (logits.is_cuda()) return sum_and_grad_cuda(logits, target, ignore_index, true);
+#endif
+  return scalar_tensor(cross_entropy_sum_and_grad_(logits, target, ignore_index), DType::Float32,
+                       logits.device());
+}
+
+double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
+                                   int64_t ignore_index) {
+  const char* op = "cross_entropy_sum_and_grad_";
+  check_sum_and_grad_args(op, logits, target);
+#if TD_WITH_CUDA
+  if (logits.is_cuda()) return sum_and_grad_cuda(logits, target, ignore_index, false).item_double();
 #endif
   ops::check_cpu(logits, op);
   const int64_t rows = logits.size(0), C = logits.size(1);

@@ -18,6 +18,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 // no second [N, C] buffer (the chunked LM head's kernel). Not recorded by autograd.
 double cross_entropy_sum_and_grad_(const Tensor& logits, const Tensor& target,
                                    int64_t ignore_index = -100);
+// The same with the sum left on the logits' device, a 0-dim float32 tensor: on CUDA nothing is
+// read back (an out-of-range target is reported at the next read of device memory to the host:
+// Note [Deferred device checks] in kernels/runtime/deferred_checks.cuh). On the CPU it is
+// cross_entropy_sum_and_grad_'s value rounded to float32.
+Tensor cross_entropy_sum_and_grad_on_device_(const Tensor& logits, const Tensor& target,
+                                             int64_t ignore_index = -100);
 
 // The final projection fused with the loss: mean cross_entropy(x @ weight^T, target) for x
 // [N, d], weight [V, d], target [N]. Rows are processed in chunks of at most `chunk_elems`

@@ -6,6 +6,8 @@
 #include "embedding/embedding.cuh"
 #include "indexing/indexing.cuh"
 #include "ops/cuda/launch.h"
+#include "runtime/cuda_check.cuh"
+#include "runtime/deferred_checks.cuh"
 
 namespace td::cuda_ops {
 namespace {
@@ -24,18 +26,37 @@ decltype(auto) dispatch_index(const Tensor& indices, const char* op, F&& f) {
   TD_ERROR(op, ": indices must be int32 or int64, got ", describe(indices));
 }
 
-// The first out-of-range index (in position order) is a td::Error with the CPU backend's text.
+// The first out-of-range index (in position order) is a td::Error with the CPU backend's text,
+// thrown at the next read of device memory to the host (Note [Deferred device checks]): the
+// kernels below gather zeros for it and drop its gradient meanwhile, and the training step does
+// not wait for the verdict.
 void check_indices(const char* op, const Tensor& idx, int64_t num_embeddings) {
   if (idx.numel() == 0) return;
   Tensor flag = scratch_bytes(idx, sizeof(unsigned long long));
-  int64_t bad_value = 0;
-  const int64_t position = dispatch_index(idx, op, [&]<typename I>() {
-    return kernels::find_bad_index<I>(idx.data_ptr<I>(), idx.numel(), num_embeddings,
-                                      flag.data_ptr(), &bad_value, stream_of(idx));
+  dispatch_index(idx, op, [&]<typename I>() {
+    kernels::mark_bad_index<I>(idx.data_ptr<I>(), idx.numel(), num_embeddings, flag.data_ptr(),
+                               stream_of(idx));
   });
-  TD_CHECK(position < 0, op, ": index ", bad_value, " at position ", position,
-           " is out of range for num_embeddings ", num_embeddings, " (valid: 0..",
-           num_embeddings - 1, ")");
+  cuda::defer_check(
+      cuda::current_stream(idx.device().index),
+      [op = std::string(op), idx, flag, num_embeddings]() -> std::string {
+        unsigned long long pos = 0;
+        TD_CUDA_CHECK(cudaMemcpy(&pos, flag.data_ptr(), sizeof(pos), cudaMemcpyDeviceToHost));
+        if (pos == ~0ULL) return "";
+        int64_t value = 0;
+        const size_t es = idx.element_size();
+        if (es == sizeof(int32_t)) {
+          int32_t v = 0;
+          TD_CUDA_CHECK(cudaMemcpy(&v, idx.data_ptr<int32_t>() + pos, es, cudaMemcpyDeviceToHost));
+          value = v;
+        } else {
+          TD_CUDA_CHECK(
+              cudaMemcpy(&value, idx.data_ptr<int64_t>() + pos, es, cudaMemcpyDeviceToHost));
+        }
+        return detail::str_cat(op, ": index ", value, " at position ", pos,
+                               " is out of range for num_embeddings ", num_embeddings,
+                               " (valid: 0..", num_embeddings - 1, ")");
+      });
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include "loss/cross_entropy.cuh"
 #include "ops/cuda/launch.h"
+#include "runtime/cuda_check.cuh"
+#include "runtime/deferred_checks.cuh"
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/ops/copy.h"
 
@@ -10,7 +12,8 @@ namespace td::cuda_ops {
 
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              Reduction reduction, double label_smoothing, const Shape& batch,
-                             Tensor& target64, Tensor& shift, Tensor& log_s, int64_t& count) {
+                             Tensor& target64, Tensor& shift, Tensor& log_s, int64_t& count,
+                             bool deferred) {
   const char* op = "cross_entropy";
   check_same_cuda_device(op, logits, {&target});
   OnDevice on(logits);
@@ -34,12 +37,26 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t
                                              rows, C, ignore_index, reduction == Reduction::Mean,
                                              ptr_or_null<T>(out), totals_dev, stream);
   });
-  kernels::CrossEntropyTotals host{};
-  copy_bytes(&host, kCPU, totals_dev, lc.device(), sizeof(host));
-  TD_CHECK(host.bad_row < 0, op, ": target ", host.bad_target, " at position ", host.bad_row,
-           " is out of range for ", C, " classes (valid: 0..", C - 1, ", or ignore_index ",
-           ignore_index, ")");
-  count = host.count;
+  auto message = [C, ignore_index, op](const kernels::CrossEntropyTotals& t) -> std::string {
+    if (t.bad_row < 0) return "";
+    return detail::str_cat(op, ": target ", t.bad_target, " at position ", t.bad_row,
+                           " is out of range for ", C, " classes (valid: 0..", C - 1,
+                           ", or ignore_index ", ignore_index, ")");
+  };
+  if (deferred) {
+    count = -1;
+    cuda::defer_check(cuda::current_stream(lc.device().index), [totals, message]() {
+      kernels::CrossEntropyTotals host{};
+      TD_CUDA_CHECK(cudaMemcpy(&host, totals.data_ptr(), sizeof(host), cudaMemcpyDeviceToHost));
+      return message(host);
+    });
+  } else {
+    kernels::CrossEntropyTotals host{};
+    copy_bytes(&host, kCPU, totals_dev, lc.device(), sizeof(host));
+    const std::string bad = message(host);
+    TD_CHECK(bad.empty(), bad);
+    count = host.count;
+  }
   if (reduction == Reduction::None) {
     out = loss.view(batch);
     if (lc.dtype() != DType::Float32) out = to_dtype(out, lc.dtype());

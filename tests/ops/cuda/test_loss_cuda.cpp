@@ -162,4 +162,30 @@ TEST(LinearCrossEntropyCuda, MatchesCpuAcrossChunks) {
   EXPECT_THROW(linear_cross_entropy(x.to(gpu()), w, t.to(gpu())), Error);  // weight on the CPU
 }
 
+// Note [Head without read-backs]: on a GPU the head reads nothing back; a bad target is reported
+// by the deferred check at the next read to the host (here the loss's), naming the op, the
+// target and its position; every row ignored gives a NaN loss and zero gradients, as on the CPU.
+TEST(LinearCrossEntropyCuda, BadTargetsAreReportedAtTheNextReadAndAllIgnoredIsNan) {
+  TD_REQUIRE_CUDA();
+  Tensor x = randn_seeded({6, 16}, 31, 0.5).to(gpu()),
+         w = randn_seeded({50, 16}, 32, 0.1).to(gpu());
+  Tensor bad = from_vector<int64_t>({1, 2, 50, 3, 4, 5}, {6}).to(gpu());
+  Tensor xg = gpu_leaf(x.to(kCPU));
+  Tensor y;
+  ASSERT_NO_THROW(y = linear_cross_entropy(xg, w, bad));  // nothing read back yet
+  const std::string msg = error_of([&] { y.item_double(); });
+  EXPECT_NE(msg.find("target 50 at position 2 is out of range for 50 classes"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("deferred device check"), std::string::npos) << msg;
+  // The check ran and is gone: a good call reads back normally.
+  Tensor good = from_vector<int64_t>({1, 2, 3, 3, 4, 5}, {6}).to(gpu());
+  EXPECT_TRUE(std::isfinite(linear_cross_entropy(x, w, good).item_double()));
+  Tensor ignored = full({6}, -100.0, {DType::Int64, gpu()});
+  Tensor xi = gpu_leaf(x.to(kCPU));
+  Tensor yi = linear_cross_entropy(xi, w, ignored);
+  EXPECT_TRUE(std::isnan(yi.item_double()));
+  yi.backward();
+  EXPECT_EQ(max(abs(xi.grad())).item_double(), 0.0);
+}
+
 }  // namespace
