@@ -6,7 +6,7 @@
 
 Trains a small GPT for a few AdamW steps on synthetic data, first in one process (the
 reference: the whole global batch, by gradient accumulation), then under each layout started by
-`python -m tardelli.launch --nproc N`: dp 2, ZeRO-1, tp 2 + sp, pp 2 with 1f1b, interleaved
+`python -m tardelli.launch --nproc N`: dp 2, ZeRO-1/2/3, tp 2 + sp, pp 2 with 1f1b, interleaved
 (vpp 2) and zb, tp 2 x pp 2, and dp 2 in bf16. On a GPU every rank trains on cuda:{local rank %
 GPUs}, so on a one-GPU machine 2 and 4 ranks share it and their collectives go through host
 memory (include/tardelli/distributed/host_staged.h; Note [Ranks on GPUs] in src/train/trainer.cpp).
@@ -38,6 +38,8 @@ MODEL = ["--synthetic-data", "--vocab-size", "256", "--layers", "4", "--d-model"
 LAYOUTS = [
     ("dp2", 2, ["--micro-batch-size", "4"], "fp32"),
     ("dp2_zero1", 2, ["--micro-batch-size", "4", "--zero", "1"], "fp32"),
+    ("dp2_zero2", 2, ["--micro-batch-size", "4", "--zero", "2"], "fp32"),
+    ("dp2_zero3", 2, ["--micro-batch-size", "4", "--zero", "3"], "fp32"),
     ("tp2_sp", 2, ["--micro-batch-size", "8", "--tp", "2", "--sequence-parallel"], "fp32"),
     ("pp2_1f1b", 2, ["--micro-batch-size", "2", "--pp", "2", "--schedule", "1f1b"], "fp32"),
     ("pp2_interleaved", 2, ["--micro-batch-size", "2", "--pp", "2", "--vpp", "2",

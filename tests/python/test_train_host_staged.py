@@ -2,8 +2,8 @@
 host_staged.h; Note [Ranks on GPUs] in src/train/trainer.cpp): the path GPU ranks
 take when several share a device. Here CPU ranks stage their tensors the same way
 (TD_TEST_STAGE_HOST_TENSORS=1), so the staging under every collective the layouts use (DDP
-buckets, ZeRO-1, tensor/sequence-parallel layers, pipeline send/recv) is exercised without a
-GPU; benchmarks/gpu/layout_parity.py runs the same layouts on CUDA tensors."""
+buckets, ZeRO-1 and ZeRO-3, tensor/sequence-parallel layers, pipeline send/recv) is exercised
+without a GPU; benchmarks/gpu/layout_parity.py runs the same layouts on CUDA tensors."""
 import json
 import subprocess
 import sys
@@ -38,6 +38,7 @@ def losses(tmp_path, name, nproc, flags, staged):
 
 @pytest.mark.parametrize("name, nproc, flags", [
     ("dp2_zero1", 2, ["--micro-batch-size", "4", "--zero", "1"]),
+    ("dp2_zero3", 2, ["--micro-batch-size", "4", "--zero", "3"]),
     ("tp2_sp", 2, ["--micro-batch-size", "8", "--tp", "2", "--sequence-parallel"]),
     ("pp2_interleaved", 2, ["--micro-batch-size", "2", "--pp", "2", "--vpp", "2",
                             "--schedule", "interleaved"]),
