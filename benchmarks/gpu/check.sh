@@ -117,6 +117,13 @@ done
 if [[ -n "${TD_GPU_PREBUILT:-}" ]]; then
   stage "carried build ($TD_GPU_PREBUILT: $(cat "$TD_GPU_PREBUILT/BUILT_FROM" 2>/dev/null))"
   TD_GPU_PREBUILT=$(cd "$TD_GPU_PREBUILT" && pwd)
+  if [[ -f "$TD_GPU_PREBUILT/prebuilt.tar.xz" ]]; then  # scripts/gpu_prebuild.sh's archive
+    rm -rf "$ROOT/build/gpu-prebuilt"
+    mkdir -p "$ROOT/build/gpu-prebuilt"
+    $PY -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$TD_GPU_PREBUILT/prebuilt.tar.xz" "$ROOT/build/gpu-prebuilt" || fail "unpacking $TD_GPU_PREBUILT"
+    TD_GPU_PREBUILT=$ROOT/build/gpu-prebuilt
+  fi
   missing=$(LD_LIBRARY_PATH="$TD_GPU_PREBUILT:$LD_LIBRARY_PATH" ldd \
     "$TD_GPU_PREBUILT"/libtardelli.so.*.*.* "$TD_GPU_PREBUILT/tests/td_cuda_tests" 2>&1 |
     grep "not found" | sort -u)

@@ -166,6 +166,17 @@ void ensure_initialized() {
   }
 }
 
+struct FinalizeHooks {
+  std::mutex mu;
+  int next = 0;
+  std::map<int, std::function<void()>> hooks;
+};
+
+FinalizeHooks& finalize_hooks() {
+  static auto* h = new FinalizeHooks();  // never destroyed: used from atexit
+  return *h;
+}
+
 ProgressEngine& engine() {
   Runtime& rt = runtime();
   std::lock_guard<std::mutex> lock(rt.mu);
@@ -256,6 +267,19 @@ class MpiWork final : public Work {
 };
 
 }  // namespace
+
+int add_finalize_hook(std::function<void()> hook) {
+  FinalizeHooks& h = finalize_hooks();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.hooks.emplace(h.next, std::move(hook));
+  return h.next++;
+}
+
+void remove_finalize_hook(int id) {
+  FinalizeHooks& h = finalize_hooks();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.hooks.erase(id);
+}
 
 // ---- Op ----
 
@@ -670,6 +694,15 @@ bool mpi_available() {
 }
 
 void finalize() {
+  {
+    std::map<int, std::function<void()>> hooks;
+    {
+      mpi::FinalizeHooks& h = mpi::finalize_hooks();
+      std::lock_guard<std::mutex> lock(h.mu);
+      hooks.swap(h.hooks);
+    }
+    for (auto& [id, hook] : hooks) hook();
+  }
   mpi::Runtime& rt = mpi::runtime();
   std::lock_guard<std::mutex> lock(rt.mu);
   if (rt.engine) {

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -68,6 +69,11 @@ class ProgressEngine {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// Functions finalize() runs before it finalizes MPI (threads of other layers that call MPI, such
+// as the tag matcher's, stop there). Returns an id for remove_finalize_hook.
+int add_finalize_hook(std::function<void()> hook);
+void remove_finalize_hook(int id);
 
 class MpiCommunicator final : public Communicator {
  public:

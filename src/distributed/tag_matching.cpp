@@ -141,9 +141,24 @@ struct TagMatcher::State {
   std::atomic<bool> stop{false};
   std::atomic<bool> poke{false};
   std::thread thread;
+  std::mutex thread_mu;  // guards joining
+  int finalize_hook = -1;
 
   void start() {
-    std::call_once(started, [this] { thread = std::thread([this] { loop(); }); });
+    std::call_once(started, [this] {
+      thread = std::thread([this] { loop(); });
+#if TD_WITH_MPI
+      // The thread calls MPI: it must end before MPI does (at exit, a static matcher's
+      // destructor would run after the atexit finalize).
+      finalize_hook = mpi::add_finalize_hook([this] { join(); });
+#endif
+    });
+  }
+
+  void join() {
+    std::lock_guard<std::mutex> lock(thread_mu);
+    stop = true;
+    if (thread.joinable()) thread.join();
   }
 
   void check_failed() {
@@ -310,8 +325,10 @@ TagMatcher::TagMatcher(const CommPtr& group, std::unique_ptr<OrderedTransport> t
 }
 
 TagMatcher::~TagMatcher() {
-  state_->stop = true;
-  if (state_->thread.joinable()) state_->thread.join();
+#if TD_WITH_MPI
+  if (state_->finalize_hook >= 0) mpi::remove_finalize_hook(state_->finalize_hook);
+#endif
+  state_->join();
 }
 
 WorkPtr TagMatcher::send(const Tensor& t, int dst, int tag) {
