@@ -1,5 +1,7 @@
 #include "tardelli/distributed/host_staged.h"
 
+#include <unistd.h>
+
 #include <functional>
 #include <mutex>
 #include <utility>
@@ -7,6 +9,7 @@
 
 #include "tardelli/autograd/grad_mode.h"
 #include "tardelli/ops/copy.h"
+#include "tardelli/ops/factory.h"
 
 namespace td::distributed {
 
@@ -121,6 +124,23 @@ class HostStagedCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::optional<std::pair<int, int>> ranks_sharing_a_device(const CommPtr& world, int device) {
+  TD_CHECK(world != nullptr, "ranks_sharing_a_device: the communicator is null");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const auto host_hash = static_cast<int64_t>(std::hash<std::string>{}(host));
+  Tensor mine = from_vector(std::vector<int64_t>{host_hash, device}, {2});
+  Tensor all = empty({2 * world->size()}, {DType::Int64});
+  world->all_gather(all, mine);
+  const std::vector<int64_t> v = to_vector<int64_t>(all);
+  for (int a = 0; a < world->size(); ++a) {
+    for (int b = a + 1; b < world->size(); ++b) {
+      if (v[2 * a] == v[2 * b] && v[2 * a + 1] == v[2 * b + 1]) return std::pair{a, b};
+    }
+  }
+  return std::nullopt;
+}
 
 CommPtr host_staged(const CommPtr& host, bool stage_host_tensors) {
   TD_CHECK(host != nullptr, "host_staged: the host communicator is null");

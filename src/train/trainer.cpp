@@ -67,14 +67,11 @@
 // of it the cross-node step of --hierarchical-reduce carried.
 #include "tardelli/train/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <limits>
 #include <set>
 #include <thread>
@@ -148,28 +145,14 @@ bool env_is_1(const char* name) {
 
 // Note [Ranks on GPUs]: the world for ranks on `device`, by --gpu-comm.
 dist::CommPtr gpu_world(const dist::CommPtr& mpi, Device device, const std::string& how) {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  Tensor mine = from_vector(
-      std::vector<int64_t>{static_cast<int64_t>(std::hash<std::string>{}(host)), device.index},
-      {2});
-  Tensor all = empty({2 * mpi->size()}, {DType::Int64});
-  mpi->all_gather(all, mine);
-  const std::vector<int64_t> v = to_vector<int64_t>(all);
-  std::string shared;
-  for (int a = 0; a < mpi->size() && shared.empty(); ++a) {
-    for (int b = a + 1; b < mpi->size(); ++b) {
-      if (v[2 * a] == v[2 * b] && v[2 * a + 1] == v[2 * b + 1]) {
-        shared = td::detail::str_cat("ranks ", a, " and ", b, " share cuda:", v[2 * a + 1]);
-        break;
-      }
-    }
-  }
-  if (how == "nccl" || (how == "auto" && shared.empty())) {
-    if (!shared.empty()) {
-      throw ConfigError("--gpu-comm nccl: " + shared +
-                        " (NCCL needs one rank per GPU; --gpu-comm host-staged or auto moves "
-                        "their tensors through host memory instead)");
+  const auto shared = dist::ranks_sharing_a_device(mpi, device.index);
+  if (how == "nccl" || (how == "auto" && !shared)) {
+    if (shared) {
+      throw ConfigError(td::detail::str_cat(
+          "--gpu-comm nccl: ranks ", shared->first, " and ", shared->second,
+          " share cuda:", device.index,
+          " (NCCL needs one rank per GPU; --gpu-comm host-staged or auto moves their tensors "
+          "through host memory instead)"));
     }
     return dist::nccl_communicator(mpi, device.index);
   }

@@ -166,5 +166,22 @@ TEST(HostStaged, CudaTensorsEqualHostResults) {
   }
 }
 
+// Property: ranks_sharing_a_device names the first two ranks (in rank order) of one host that
+// pass the same device, and nothing when the devices differ (all ranks of these tests run on one
+// host). It decides NCCL or host staging for the trainer's GPU ranks (--gpu-comm auto).
+TEST(HostStaged, RanksSharingADevice) {
+  const CommPtr w = world();
+  const int P = w->size(), r = w->rank();
+  EXPECT_EQ(ranks_sharing_a_device(w, r), std::nullopt);  // one device per rank
+  const auto all_on_0 = ranks_sharing_a_device(w, 0);
+  ASSERT_TRUE(all_on_0.has_value());
+  EXPECT_EQ(*all_on_0, (std::pair{0, 1}));
+  if (P >= 4) {  // devices 0, 1, 0, 1: ranks 0 and 2 share the first
+    const auto pairs = ranks_sharing_a_device(w, r % 2);
+    ASSERT_TRUE(pairs.has_value());
+    EXPECT_EQ(*pairs, (std::pair{0, 2}));
+  }
+}
+
 }  // namespace
 }  // namespace td::distributed

@@ -13,6 +13,9 @@
 // same staging as device tensors (the CPU stand-in that tests the staging on machines without a
 // GPU). The host communicator checks consistency, times out and counts the bytes; this one
 // counts its own calls like any communicator.
+#include <optional>
+#include <utility>
+
 #include "tardelli/distributed/communicator.h"
 
 namespace td::distributed {
@@ -20,5 +23,11 @@ namespace td::distributed {
 // A communicator over `host` (an MPI communicator: its rank, size and name) that takes CPU and
 // CUDA tensors. split() gives host-staged sub-groups.
 CommPtr host_staged(const CommPtr& host, bool stage_host_tensors = false);
+
+// The first two ranks of `world` (in rank order) on the same host with the same CUDA device
+// index `device` (each rank passes its own), or nullopt when every rank has a device of its
+// own: NCCL refuses such ranks, host staging serves them (Note [Ranks on GPUs] in
+// src/train/trainer.cpp). Collective over `world` (one all-gather of host hash and device).
+std::optional<std::pair<int, int>> ranks_sharing_a_device(const CommPtr& world, int device);
 
 }  // namespace td::distributed
