@@ -9,6 +9,7 @@
 #include "tardelli/checkpoint/safetensors.h"
 #include "tardelli/checkpoint/training_state.h"
 #include "tardelli/core/allocator.h"
+#include "tardelli/core/cuda_graph.h"
 #include "tardelli/core/cuda_runtime.h"
 #include "tardelli/core/dtype.h"
 #include "tardelli/core/error.h"

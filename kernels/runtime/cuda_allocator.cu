@@ -11,6 +11,21 @@
 namespace td::cuda {
 namespace {
 
+// Note [Graph memory pools]: cudaMalloc is a "potentially unsafe" call that a thread capturing a
+// graph in the default (global / thread-local) mode may not make; the allocator's own calls are
+// safe (the memory is not used by the capture until the allocator hands it out), so they run in
+// relaxed mode, as PyTorch's allocator does.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // Segments straight from cudaMalloc on one device. Out of memory is reported as null so the
 // caching allocator can free its cache and retry; any other error throws.
 class CudaMallocBackend final : public DeviceMemoryBackend {
@@ -19,6 +34,7 @@ class CudaMallocBackend final : public DeviceMemoryBackend {
 
   void* raw_alloc(size_t nbytes) override {
     DeviceGuard guard(device_);
+    RelaxedCapture relaxed;  // a segment may be needed while this thread captures a graph
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, nbytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -31,6 +47,7 @@ class CudaMallocBackend final : public DeviceMemoryBackend {
 
   void raw_free(void* ptr) override {
     DeviceGuard guard(device_);
+    RelaxedCapture relaxed;
     TD_CUDA_CHECK(cudaFree(ptr));
   }
 

@@ -52,6 +52,11 @@ thread_local bool running = false;  // a check's own reads must not run the chec
 
 void defer_check(const Stream& stream, std::function<std::string()> verify) {
   DeviceGuard guard(stream.device());
+  // Inside a graph capture nothing has run yet and replays overwrite the verdict: no check
+  // (Note [CUDA graphs] in include/tardelli/core/cuda_graph.h: validate by an eager step first).
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TD_CUDA_CHECK(cudaStreamIsCapturing(stream.handle(), &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return;
   cudaEvent_t e = nullptr;
   TD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const cudaError_t rc = cudaEventRecord(e, stream.handle());

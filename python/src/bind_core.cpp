@@ -288,6 +288,13 @@ void bind_factories(py::module_& m) {
   m.def("cuda_is_built", &cuda_is_built);
   m.def("cuda_device_count", &cuda_device_count);
   m.def("cuda_synchronize", &cuda_synchronize, "device"_a = -1, nogil());
+  py::class_<CudaGraph>(m, "CudaGraph", "A captured CUDA graph (Note [CUDA graphs]).")
+      .def(py::init<int>(), "device"_a = -1)
+      .def("capture_begin", &CudaGraph::capture_begin)
+      .def("capture_end", &CudaGraph::capture_end, nogil())
+      .def("replay", &CudaGraph::replay, nogil())
+      .def_property_readonly("ready", &CudaGraph::ready)
+      .def_property_readonly("device", &CudaGraph::device);
 }
 
 void bind_tensor(TensorClass& cls) {

@@ -9,12 +9,14 @@ Memory figures come from the caching allocator of the device (Note [One allocato
 devices] in kernels/runtime/cuda_allocator.cu): allocated = bytes held by live tensors, reserved
 = allocated plus blocks cached for reuse.
 """
+import contextlib
+
 from . import _C
 
 __all__ = [
     "is_available", "is_built", "device_count", "synchronize", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
-    "memory_stats",
+    "memory_stats", "CUDAGraph", "graph",
 ]
 
 
@@ -71,3 +73,33 @@ def reset_peak_memory_stats(device=None) -> None:
 def empty_cache(device=None) -> None:
     """Returns the cached, unused blocks of the device's caching allocator to the driver."""
     _C.empty_cache(_device(device))
+
+
+class CUDAGraph(_C.CudaGraph):
+    """A CUDA graph: operations recorded once, replayed with one launch (Note [CUDA graphs] in
+    include/tardelli/core/cuda_graph.h). Inputs and outputs are the tensors the capture used:
+    copy new data into the inputs before replay(); read the outputs after it.
+
+        g = td.cuda.CUDAGraph()
+        with td.cuda.graph(g):
+            y = model(x_static)
+        x_static.copy_(next_batch); g.replay()   # y holds the new result
+    """
+
+    def __init__(self, device=None):
+        super().__init__(-1 if device is None else _device(device).index)
+
+
+@contextlib.contextmanager
+def graph(cuda_graph):
+    """Captures the operations of the `with` block into `cuda_graph` (as torch.cuda.graph)."""
+    cuda_graph.capture_begin()
+    try:
+        yield cuda_graph
+    except BaseException:
+        try:
+            cuda_graph.capture_end()
+        except _C.TardelliError:
+            pass  # the block's own error is the one to see
+        raise
+    cuda_graph.capture_end()

@@ -139,7 +139,10 @@ void CachingAllocator::release_cached() {
   for (Pool* pool : {&small_pool_, &large_pool_}) {
     std::vector<Block*> whole;
     for (Block* b : *pool) {
-      if (b->prev == nullptr && b->next == nullptr) whole.push_back(b);  // a whole segment
+      // A whole segment, unless a live graph still replays into it (Note [Graph memory pools]).
+      if (b->prev == nullptr && b->next == nullptr && !retained_.contains(b->stream)) {
+        whole.push_back(b);
+      }
     }
     for (Block* b : whole) {
       pool->erase(b);
@@ -149,6 +152,19 @@ void CachingAllocator::release_cached() {
       blocks_.erase(b->ptr);
     }
   }
+}
+
+void CachingAllocator::retain_stream(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++retained_[stream];
+}
+
+void CachingAllocator::release_stream(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = retained_.find(stream);
+  TD_CHECK(it != retained_.end(), device_.str(), ": release_stream(", stream,
+           ") without a matching retain_stream");
+  if (--it->second == 0) retained_.erase(it);
 }
 
 void CachingAllocator::empty_cache() {

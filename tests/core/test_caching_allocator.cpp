@@ -239,6 +239,42 @@ TEST(CachingAllocator, EmptyCacheReturnsSegments) {
   EXPECT_EQ(f.alloc->stats().reserved_bytes, 0);
 }
 
+// Note [Graph memory pools]: a retained stream's segments survive empty_cache() and the
+// out-of-memory release even when every block in them is free (a captured graph still writes
+// there); other streams' cached segments go as before; release_stream (as often as retained)
+// makes them returnable again.
+TEST(CachingAllocator, RetainedStreamKeepsItsSegments) {
+  Fixture f;
+  constexpr uint64_t kCapture = 77;
+  f.alloc->retain_stream(kCapture);
+  f.alloc->retain_stream(kCapture);
+  { DataPtr a = f.alloc->allocate(12 * kMiB, kCapture), b = f.alloc->allocate(300, kCapture); }
+  { DataPtr c = f.alloc->allocate(12 * kMiB, 5); }
+  EXPECT_EQ(f.alloc->cache_info().segments, 3);
+  f.alloc->empty_cache();
+  EXPECT_EQ(f.alloc->cache_info().segments, 2);  // stream 5's went, the capture's stayed
+  // Out of memory: only the free non-retained segments could go (none left), so it throws.
+  f.fake->capacity = f.fake->live_bytes;
+  EXPECT_THROW(f.alloc->allocate(30 * kMiB, 5), Error);
+  EXPECT_EQ(f.alloc->cache_info().segments, 2);
+  f.fake->capacity = SIZE_MAX;
+  // A block freed on the retained stream is reused there, never on another stream.
+  DataPtr again = f.alloc->allocate(12 * kMiB, kCapture);
+  const int64_t raw = f.fake->raw_allocs;
+  DataPtr other = f.alloc->allocate(12 * kMiB, 5);
+  EXPECT_EQ(f.fake->raw_allocs, raw + 1);
+  again.reset();
+  other.reset();
+  f.alloc->release_stream(kCapture);
+  f.alloc->empty_cache();
+  EXPECT_EQ(f.alloc->cache_info().segments, 2);  // still retained once
+  f.alloc->release_stream(kCapture);
+  f.alloc->empty_cache();
+  EXPECT_EQ(f.alloc->cache_info().segments, 0);
+  EXPECT_EQ(f.fake->live_bytes, 0u);
+  EXPECT_THROW(f.alloc->release_stream(kCapture), Error);
+}
+
 // Randomized: live blocks never overlap, lie inside a live segment, and after freeing all of
 // them every segment is one free block again (reserved == what the backend holds).
 TEST(CachingAllocator, RandomizedNoOverlap) {

@@ -64,3 +64,33 @@ def test_autograd_across_devices():
     y.backward()
     assert x.grad.device.type == "cpu"
     assert bool((x.grad == 3.0).all())
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present")
+def test_cuda_graph_without_a_gpu_is_a_clear_error():
+    """td.cuda.CUDAGraph needs a CUDA device: a TardelliError says so."""
+    with pytest.raises(td.TardelliError, match="CUDA"):
+        td.cuda.CUDAGraph()
+
+
+@needs_gpu
+def test_cuda_graph_replays_what_it_captured():
+    """Note [CUDA graphs]: ops captured inside `with td.cuda.graph(g)` run again on g.replay()
+    against the static input's new contents, equal to the eager result (same kernels: bitwise);
+    a host read inside the block is an error, raised by the block or at its end."""
+    w = td.randn(32, 16, device="cuda")
+    x = td.randn(8, 16, device="cuda")
+    f = (lambda t: td.nn.functional.gelu(t @ w.t()))
+    f(x)  # warm-up
+    g = td.cuda.CUDAGraph()
+    with td.cuda.graph(g):
+        y = f(x)
+    assert g.ready
+    for _ in range(2):
+        fresh = td.randn(8, 16, device="cuda")
+        x.copy_(fresh)
+        g.replay()
+        assert bool((y.cpu() == f(fresh).cpu()).all())
+    with pytest.raises(td.TardelliError):
+        with td.cuda.graph(td.cuda.CUDAGraph()):
+            (x * 2).sum().item()

@@ -73,6 +73,15 @@ class CachingAllocator final : public Allocator {
   // backend). The memory is 512-byte aligned; 0 bytes still gives a (512-byte) block.
   DataPtr allocate(size_t nbytes, uint64_t stream);
 
+  // Note [Graph memory pools]: a captured CUDA graph replays its kernels on the addresses they
+  // had at capture, so the memory allocated during the capture (on the capture stream, whose
+  // id keys those blocks: no other work allocates on it) must stay reserved while the graph
+  // lives, even when its tensors were freed within the capture (the graph still writes
+  // there). retain_stream(id) keeps every segment of that stream out of empty_cache() and the
+  // out-of-memory release; release_stream(id) ends that (calls nest: counted).
+  void retain_stream(uint64_t stream);
+  void release_stream(uint64_t stream);
+
   MemoryStats stats() const override;
   void reset_peak() override;
   void empty_cache() override;
@@ -114,6 +123,8 @@ class CachingAllocator final : public Allocator {
   Pool small_pool_, large_pool_;  // the cached blocks
   int64_t allocated_ = 0, reserved_ = 0, peak_ = 0, num_allocs_ = 0, num_frees_ = 0;
   int64_t segments_ = 0, oom_retries_ = 0;
+  std::unordered_map<uint64_t, int>
+      retained_;  // stream -> retain count (Note [Graph memory pools])
 };
 
 }  // namespace td
