@@ -350,6 +350,9 @@ if [[ $WITH_PYTHON == ON ]]; then  # GPT-2 small train step, td vs eager torch (
       $([[ $dt == bf16 ]] && echo --profile 25) \
       2>"$OUT/gpt_step_bench_$dt.err" | tee -a "$BENCH" || fail "gpt_step_bench $dt (exit $?)"
   done
+  # Issue 24: the bf16 step with forward + backward replayed from a CUDA graph.
+  PYTHONPATH=python timeout 180 $PY benchmarks/gpu/gpt_step_bench.py --dtype bf16 --cuda-graph \
+    --no-torch 2>"$OUT/gpt_step_bench_graph.err" | tee -a "$BENCH" || fail "gpt_step_bench graph (exit $?)"
   # Issue 27: the same step with the blocks' linears in FP8 (hybrid, cuBLASLt FP8 GEMMs), to set
   # beside the bf16 row above.
   PYTHONPATH=python timeout 180 $PY benchmarks/gpu/gpt_step_bench.py --dtype bf16 --fp8 hybrid \

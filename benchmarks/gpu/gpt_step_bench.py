@@ -40,6 +40,9 @@ def parse_args():
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--breakdown", action="store_true",
                    help="also time forward, backward and optimizer step separately (synchronized)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="td's forward + backward captured once in a CUDA graph (Note [CUDA "
+                        "graphs]) and replayed each step; the optimizer step stays eager")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also print td's N most expensive GPU kernels and CUDA runtime calls per "
                         "step (torch.profiler over 3 steps: CUPTI records every kernel of the "
@@ -158,14 +161,39 @@ def main():
 
     def td_opt():
         opt.step()
-        opt.zero_grad()
+        # Gradients zeroed in place, not dropped: a captured backward accumulates into them.
+        opt.zero_grad(set_to_none=not a.cuda_graph)
         if a.fp8 != "none":
             model.commit_fp8()  # the step's amaxes into the histories, as the trainer does
 
+    step = lambda: train_step(td_fwd, td_opt)  # noqa: E731
+    graph_note = None
+    if a.cuda_graph:
+        if a.fp8 != "none":
+            raise SystemExit("--cuda-graph with --fp8: the FP8 scales are host values (not "
+                             "capturable yet)")
+        for _ in range(a.warmup):  # eager steps first: plans, workspaces, the gradients
+            step()
+        td.cuda.synchronize()
+        g = td.cuda.CUDAGraph()
+        try:
+            with td.cuda.graph(g):
+                static_loss = td_fwd()
+                static_loss.backward()
+
+            def step():
+                g.replay()
+                td_opt()
+                return static_loss
+        except td.TardelliError as e:  # a host wait left in the step: report it, run eagerly
+            graph_note = str(e)[:300]
+            print(json.dumps({"bench": "gpt_step", "framework": "tardelli",
+                              "cuda_graph_failed": graph_note}), flush=True)
+
     td.cuda.reset_peak_memory_stats()
-    dt, loss = median_step(lambda: train_step(td_fwd, td_opt), td.cuda.synchronize, a.steps,
-                           a.warmup)
+    dt, loss = median_step(step, td.cuda.synchronize, a.steps, a.warmup)
     rows.append({"bench": "gpt_step", "framework": "tardelli", "dtype": a.dtype, "fp8": a.fp8,
+                 "cuda_graph": a.cuda_graph and graph_note is None,
                  "step_ms": dt * 1e3, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
                  "peak_mem_bytes": td.cuda.max_memory_allocated(), "loss": loss.item()})
     if a.breakdown:

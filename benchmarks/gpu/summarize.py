@@ -166,6 +166,7 @@ def main():
                  f"{r['speedup_vs_torch']:.2f}x | {r['mem_ratio_vs_torch']:.2f}"
                  if "torch_tokens_per_s" in r else "- | - | - | -")
             dt = c["dtype"] + (f" + fp8 {c['fp8']}" if c.get("fp8", "none") != "none" else "")
+            dt += " + CUDA graph" if c.get("cuda_graph") else ""
             out.append(f"| {shape} | {dt} | {r['td_tokens_per_s']:,.0f} | "
                        f"{r['td_mfu']:.1%} | {t} |")
     prof = [r for r in rows if r.get("bench") == "gpt_step_profile"]
