@@ -7,7 +7,7 @@
 Trains a small GPT for a few AdamW steps on synthetic data, first in one process (the
 reference: the whole global batch, by gradient accumulation), then under each layout started by
 `python -m tardelli.launch --nproc N`: dp 2, ZeRO-1/2/3, tp 2 + sp, pp 2 with 1f1b, interleaved
-(vpp 2) and zb, tp 2 x pp 2, and dp 2 in bf16. On a GPU every rank trains on cuda:{local rank %
+(vpp 2) and zb, tp 2 x pp 2, cp 2 (ring and all-to-all), and dp 2 in bf16. On a GPU every rank trains on cuda:{local rank %
 GPUs}, so on a one-GPU machine 2 and 4 ranks share it and their collectives go through host
 memory (include/tardelli/distributed/host_staged.h; Note [Ranks on GPUs] in src/train/trainer.cpp).
 
@@ -46,6 +46,8 @@ LAYOUTS = [
                             "--schedule", "interleaved"], "fp32"),
     ("pp2_zb", 2, ["--micro-batch-size", "2", "--pp", "2", "--schedule", "zb"], "fp32"),
     ("tp2_pp2", 4, ["--micro-batch-size", "2", "--tp", "2", "--pp", "2"], "fp32"),
+    ("cp2_ring", 2, ["--micro-batch-size", "8", "--cp", "2", "--cp-comm", "ring"], "fp32"),
+    ("cp2_a2a", 2, ["--micro-batch-size", "8", "--cp", "2", "--cp-comm", "a2a"], "fp32"),
     ("dp2_bf16", 2, ["--micro-batch-size", "4"], "bf16"),
 ]
 RTOL = {"fp32": 1e-5, "bf16": 1e-2}

@@ -82,10 +82,11 @@ void validate(const TrainConfig& cfg, int64_t dp_size) {
                                    ": no CUDA device is available (td.cuda.device_count() == 0; "
                                    "this build has the CUDA backend: ",
                                    py::str(cuda_is_built()), ")"));
-    need(cfg.cp == 1 && cfg.ep == 1,
-         str_cat("--device ", cfg.device, " with --cp ", cfg.cp, " / --ep ", cfg.ep,
-                 ": context and expert parallelism run on CPU ranks only for now (data, tensor, "
-                 "sequence and pipeline parallelism and ZeRO run on GPUs)"));
+    need(cfg.ep == 1,
+         str_cat("--device ", cfg.device, " with --ep ", cfg.ep,
+                 ": expert parallelism runs on CPU ranks only for now (its routing reads the "
+                 "router's choices back to the host; data, tensor, sequence, context and "
+                 "pipeline parallelism and ZeRO run on GPUs)"));
   }
   need(cfg.tp >= 1, str_cat("--tp must be >= 1, got ", cfg.tp));
   need(!cfg.sequence_parallel || cfg.tp > 1,

@@ -40,6 +40,7 @@ def losses(tmp_path, name, nproc, flags, staged):
     ("dp2_zero1", 2, ["--micro-batch-size", "4", "--zero", "1"]),
     ("dp2_zero3", 2, ["--micro-batch-size", "4", "--zero", "3"]),
     ("tp2_sp", 2, ["--micro-batch-size", "8", "--tp", "2", "--sequence-parallel"]),
+    ("cp2_ring", 2, ["--micro-batch-size", "8", "--cp", "2", "--cp-comm", "ring"]),
     ("pp2_interleaved", 2, ["--micro-batch-size", "2", "--pp", "2", "--vpp", "2",
                             "--schedule", "interleaved"]),
 ])
