@@ -3,8 +3,9 @@
 // creates NCCL's unique id, the MPI communicator broadcasts it, the cross-rank consistency
 // checks travel over MPI too.
 //
-// Note [NCCL streams]: td has no CUDA stream API yet, so the legacy default stream
-// (cudaStreamLegacy) stands for "the compute stream". Each collective is enqueued on the
+// Note [NCCL streams]: "the compute stream" is the calling thread's current stream on the
+// communicator's device (cuda::current_stream: the legacy default stream unless the caller set
+// another, e.g. a graph capture's). Each collective is enqueued on the
 // communicator's own non-blocking stream after an event recorded on the compute stream (so it
 // sees every kernel issued before it), and records a completion event. The GPU runs the
 // collective concurrently with later compute by itself: no progress thread is needed.
@@ -36,6 +37,7 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/stream.cuh"
 #include "tardelli/distributed/tag_matching.h"
 #include "tardelli/ops/factory.h"
 #endif
@@ -204,7 +206,7 @@ class NcclTransport final : public OrderedTransport {
     TD_CUDA_CHECK(cudaSetDevice(device_), where_);
     cudaEvent_t e = nullptr;
     TD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), where_);
-    const cudaError_t rc = cudaEventRecord(e, cudaStreamLegacy);
+    const cudaError_t rc = cudaEventRecord(e, cuda::current_stream(device_).handle());
     if (rc != cudaSuccess) {
       cudaEventDestroy(e);
       TD_ERROR(where_, ": cudaEventRecord failed: ", cudaGetErrorString(rc));
@@ -522,7 +524,8 @@ class NcclCommunicator final : public Communicator {
              ": the NCCL communicator was aborted by an earlier "
              "timeout or error; create a new one");
     TD_CUDA_CHECK(cudaSetDevice(state_->device), what);
-    TD_CUDA_CHECK(cudaEventRecord(state_->ready, cudaStreamLegacy), what);
+    TD_CUDA_CHECK(cudaEventRecord(state_->ready, cuda::current_stream(state_->device).handle()),
+                  what);
     TD_CUDA_CHECK(cudaStreamWaitEvent(state_->stream, state_->ready, 0), what);
     ncclResult_t r = enqueue(state_->comm, state_->stream);
     TD_CHECK(r == ncclSuccess, what, ": NCCL call failed: ", ncclGetErrorString(r), " (",
