@@ -110,7 +110,8 @@ std::string python_parse(const std::vector<std::string>& args, int world_size) {
 td::train::TrainConfig job_config(const std::vector<std::string>& args,
                                   const td::distributed::CommPtr& world) {
   const int size = world ? world->size() : 1;
-  if (td::train::read_config(args).plan.empty()) return td::train::parse_config(args, size);
+  td::train::TrainConfig read = td::train::read_config(args);
+  if (read.plan.empty()) return td::train::checked_config(std::move(read), size);
   std::string text;  // "C" + config JSON, or "E" + error message
   if (world == nullptr || world->rank() == 0) {
     try {

@@ -559,7 +559,10 @@ int64_t data_parallel_size(const TrainConfig& cfg, int64_t world_size) {
 
 TrainConfig parse_config(const std::vector<std::string>& argv, int world_size,
                          std::string_view prog) {
-  TrainConfig cfg = read_config(argv, prog);
+  return checked_config(read_config(argv, prog), world_size);
+}
+
+TrainConfig checked_config(TrainConfig cfg, int world_size) {
   if (!cfg.plan.empty()) {
     if (cfg.plan != "auto") {
       throw ConfigError("--plan: unknown value " + py::repr(cfg.plan) +

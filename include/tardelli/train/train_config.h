@@ -219,10 +219,12 @@ TrainConfig read_config(const std::vector<std::string>& argv, std::string_view p
 // when that product does not divide world_size. 1 when the product is < 1 (validate rejects it).
 int64_t data_parallel_size(const TrainConfig& cfg, int64_t world_size);
 
-// python -m tardelli.train's parse_config: read_config, --plan, data_parallel_size, validate.
-// --plan auto is a ConfigError here: the planner is Python (docs/planner.md).
+// python -m tardelli.train's parse_config: read_config, then checked_config.
 TrainConfig parse_config(const std::vector<std::string>& argv, int world_size = 1,
                          std::string_view prog = kProgram);
+// The checks of parse_config on a configuration already read: --plan, data_parallel_size,
+// validate. --plan auto is a ConfigError here: the planner is Python (docs/planner.md).
+TrainConfig checked_config(TrainConfig cfg, int world_size = 1);
 
 // Checks one configuration; ConfigError naming the offending flag(s). Runs validate_moe and
 // validate_precision too. Reads the file system (--data PREFIX.idx/.bin, --precision-map) and
