@@ -272,13 +272,16 @@ Tensor logits_fp32(const Tensor& h, const Tensor& w) {
 // reduced over tp exactly as vp_ce_forward does (the same host tensors, the same order), so
 // each row's loss (into `loss`) is computed on the host alike. With `grad` returns the chunk's
 // logit gradient (softmax - onehot, zero on padded columns and ignored rows) as a new tensor on
-// l's device; else an undefined tensor.
+// l's device; else an undefined tensor. *count receives the rows not ignored (the targets are
+// read once, here).
 Tensor vp_ce_chunk_tensor_ops(const char* op, const Tensor& l, const Tensor& targets,
                               const CommPtr& tp, int64_t vocab_start, int64_t true_vocab_size,
-                              int64_t ignore_index, bool grad, std::vector<float>& loss) {
+                              int64_t ignore_index, bool grad, std::vector<float>& loss,
+                              int64_t* count) {
   const int64_t k = l.size(0), Vs = l.size(1);
   const int64_t valid = std::clamp<int64_t>(true_vocab_size - vocab_start, 0, Vs);
   const VpTargets t = vp_targets(op, targets, vocab_start, Vs, true_vocab_size, ignore_index);
+  *count = t.count;
   std::vector<int64_t> local_rows, local_flat;  // rows whose target is on this rank
   for (int64_t i = 0; i < k; ++i) {
     if (t.column[i] >= 0) {
@@ -362,8 +365,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
   Tensor dl;  // the tensor-ops path: softmax - onehot, for backward
   if (tensor_ops || !logits_shard.device().is_cpu()) {
     dl = vp_ce_chunk_tensor_ops(op, l, targets.reshape({N}), tp, vocab_start, true_vocab_size,
-                                ignore_index, grad, loss);
-    for (int64_t t : to_vector<int64_t>(targets)) s.count += t != ignore_index ? 1 : 0;
+                                ignore_index, grad, loss, &s.count);
   } else {
     s = vp_ce_forward(op, l, targets, tp, vocab_start, true_vocab_size, ignore_index, loss);
   }
@@ -432,8 +434,7 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
   check_vocab_shard(op, vs, tp->size(), vocab_start, true_vocab_size);
   const int64_t rows =
       std::max<int64_t>(1, std::min<int64_t>(n, chunk_elems / std::max<int64_t>(vs, 1)));
-  int64_t valid = 0;
-  for (int64_t t : to_vector<int64_t>(targets)) valid += t != ignore_index ? 1 : 0;
+  int64_t valid = 0;  // rows not ignored, summed over the chunks (their targets read once)
   Tensor hd = h.detach(), wd = w_shard.detach(), tg = targets.detach();
 
   // As td::linear_cross_entropy (Note [Chunked LM head]): when a gradient is needed the forward
@@ -453,13 +454,16 @@ Tensor vocab_parallel_linear_cross_entropy(const Tensor& h, const Tensor& w_shar
     std::vector<float> loss;
     Tensor dl;
     if (device_ops) {
+      int64_t counted = 0;
       dl = vp_ce_chunk_tensor_ops(op, l, tc, tp, vocab_start, true_vocab_size, ignore_index, grad,
-                                  loss);
+                                  loss, &counted);
+      valid += counted;
     } else {
       // Note [In-place vocab-parallel gradient]: the chunk's logits become their own gradient
       // (softmax - onehot, the values the op's backward gives for a gradient of 1), so a chunk
       // holds one [k, V/tp] fp32 buffer, as the single-rank head does.
       VpCeSaved st = vp_ce_forward(op, l, tc, tp, vocab_start, true_vocab_size, ignore_index, loss);
+      valid += st.count;
       if (grad) {
         vp_ce_grad_in_place(st);
         dl = st.logits;
