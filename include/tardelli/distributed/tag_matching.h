@@ -27,6 +27,9 @@
 // posted, so a send reads the finished tensor and a receive never overwrites memory the compute
 // stream still reads.
 //
+// The thread polls for headers (yielding for 2 ms after its last work, then sleeping 50 us
+// between polls), so a matcher that has been used costs a little CPU until it is destroyed.
+//
 // Limits: a channel is opened by its first message, and the thread waits there until the peer
 // joins, which happens on the peer's first send or receive on this communicator. Messages to
 // other peers wait meanwhile. Ranks that use point-to-point on a communicator do so early in
