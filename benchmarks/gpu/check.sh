@@ -124,12 +124,26 @@ if [[ -n "${TD_GPU_PREBUILT:-}" ]]; then
       "$TD_GPU_PREBUILT/prebuilt.tar.xz" "$ROOT/build/gpu-prebuilt" || fail "unpacking $TD_GPU_PREBUILT"
     TD_GPU_PREBUILT=$ROOT/build/gpu-prebuilt
   fi
+  # Carried binaries from other sources than this tree's would not match its Python module or
+  # tests: then build from source (the binaries' commit is the last word of BUILT_FROM).
+  built=$(awk '{print $NF}' "$TD_GPU_PREBUILT/BUILT_FROM" 2>/dev/null)
+  built=${built%+dirty}
+  if [[ -n "$built" ]] && git -C "$ROOT" cat-file -e "$built^{commit}" 2>/dev/null &&
+    ! git -C "$ROOT" diff --quiet "$built" -- src include kernels python/src tools cmake \
+      CMakeLists.txt ':(glob)tests/**/*.cpp' ':(glob)tests/**/*.h' ':(glob)**/CMakeLists.txt' \
+      ':(glob)benchmarks/**/*.cpp' ':(glob)benchmarks/**/*.h' 2>/dev/null; then
+    echo "the carried binaries were built from $built and the sources have changed since"
+    stale=1
+  else
+    stale=0
+  fi
   missing=$(LD_LIBRARY_PATH="$TD_GPU_PREBUILT:$LD_LIBRARY_PATH" ldd \
     "$TD_GPU_PREBUILT"/libtardelli.so.*.*.* "$TD_GPU_PREBUILT/tests/td_cuda_tests" 2>&1 |
     grep "not found" | sort -u)
-  if [[ -n "$missing" ]] || ! LD_LIBRARY_PATH="$TD_GPU_PREBUILT:$LD_LIBRARY_PATH" \
+  if ((stale)) || [[ -n "$missing" ]] || ! LD_LIBRARY_PATH="$TD_GPU_PREBUILT:$LD_LIBRARY_PATH" \
     "$TD_GPU_PREBUILT/tests/td_cuda_tests" --gtest_list_tests >/dev/null 2>&1; then
-    echo "the carried binaries do not load here; building from source instead:"
+    ((stale)) || echo "the carried binaries do not load here; building from source instead:"
+    ((stale)) && echo "building from source instead (rerun scripts/gpu_prebuild.sh to carry them)"
     echo "$missing"
     unset TD_GPU_PREBUILT
   else
