@@ -393,6 +393,9 @@ if want cpu && grep -q '^flags.* amx_bf16' /proc/cpuinfo; then
 fi
 
 stage "summary"
+for f in layouts.jsonl comm_gpu.jsonl; do  # the layouts stage's results into the table too
+  [[ -f "$OUT/$f" ]] && cat "$OUT/$f" >>"$BENCH"
+done
 $PY benchmarks/gpu/summarize.py --bench "$BENCH" --machine "$OUT/machine.txt" \
   --gtest "$OUT/td_cuda_tests.json" --pytest "$OUT/pytest_cuda.log" --failures "$OUT/failures.txt" |
   tee "$OUT/summary.md"

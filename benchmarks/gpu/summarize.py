@@ -169,6 +169,23 @@ def main():
             dt += " + CUDA graph" if c.get("cuda_graph") else ""
             out.append(f"| {shape} | {dt} | {r['td_tokens_per_s']:,.0f} | "
                        f"{r['td_mfu']:.1%} | {t} |")
+    lay = [r for r in rows if "layout" in r and "losses" in r]
+    if lay:  # issue 23: every layout on the GPU against one process
+        out += ["", "| layout (GPU) | ranks | dtype | max rel loss diff | tolerance | result |",
+                "|---|---|---|---|---|---|"]
+        for r in lay:
+            out.append(f"| {r['layout']} | {r.get('ranks')} | {r.get('dtype')} | "
+                       f"{r.get('max_rel_diff', float('nan')):.1e} | {r.get('rtol', 0):.0e} | "
+                       f"{verdict(bool(r.get('ok')))} |")
+    comm = [r for r in rows if r.get("bench") == "comm" and r.get("device") == "cuda"]
+    if comm:  # issue 23: NCCL at one rank, host staging for ranks sharing the GPU
+        out += ["", "| collective (CUDA tensors) | backend | ranks | bytes | us | busbw GB/s |",
+                "|---|---|---|---|---|---|"]
+        for r in comm:
+            if r.get("size_bytes", 0) >= (1 << 20):
+                out.append(f"| {r['op']} | {r['backend']} | {r['ranks']} | "
+                           f"{r['size_bytes']:.0f} | {r['time_us']:.0f} | "
+                           f"{r['busbw_GBps']:.1f} |")
     prof = [r for r in rows if r.get("bench") == "gpt_step_profile"]
     head = [r for r in prof if "gpu_kernel_ms_per_step" in r]
     if head:  # where td's GPT-2 step spends its GPU time (gpt_step_bench.py --profile)
