@@ -41,8 +41,8 @@ def parse_args():
     p.add_argument("--breakdown", action="store_true",
                    help="also time forward, backward and optimizer step separately (synchronized)")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="td's forward + backward captured once in a CUDA graph (Note [CUDA "
-                        "graphs]) and replayed each step; the optimizer step stays eager")
+                   help="td's whole step (forward, backward, AdamW with capturable=True) "
+                        "captured once in a CUDA graph (Note [CUDA graphs]) and replayed")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also print td's N most expensive GPU kernels and CUDA runtime calls per "
                         "step (torch.profiler over 3 steps: CUPTI records every kernel of the "
@@ -154,7 +154,8 @@ def main():
     rows = []
 
     x, y = td.from_numpy(x_np).to("cuda"), td.from_numpy(y_np).to("cuda")
-    opt = td.optim.AdamW(model.param_groups(weight_decay=0.1), lr=3e-4, betas=(0.9, 0.95))
+    opt = td.optim.AdamW(model.param_groups(weight_decay=0.1), lr=3e-4, betas=(0.9, 0.95),
+                         capturable=a.cuda_graph)
 
     def td_fwd():
         return model(x, y)
@@ -178,12 +179,10 @@ def main():
         g = td.cuda.CUDAGraph()
         try:
             with td.cuda.graph(g):
-                static_loss = td_fwd()
-                static_loss.backward()
+                static_loss = train_step(td_fwd, td_opt)
 
             def step():
                 g.replay()
-                td_opt()
                 return static_loss
         except td.TardelliError as e:  # a host wait left in the step: report it, run eagerly
             graph_note = str(e)[:300]

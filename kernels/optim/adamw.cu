@@ -34,9 +34,13 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p = pi - c.step_size * mi / (sqrtf(vi) / c.bc2_sqrt + c.eps);
 }
 
+// coeffs_dev: null, or the coefficients in device memory (Note [Capturable AdamW]), read
+// instead of `c_host`.
 template <typename TP, typename TG>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(const AdamWChunk* __restrict__ chunks, AdamWCoeffs c) {
+    adamw_kernel(const AdamWChunk* __restrict__ chunks, AdamWCoeffs c_host,
+                 const AdamWCoeffs* __restrict__ coeffs_dev) {
+  const AdamWCoeffs c = coeffs_dev != nullptr ? *coeffs_dev : c_host;
   const AdamWChunk ch = chunks[blockIdx.x];
   TP* __restrict__ p = static_cast<TP*>(ch.p);
   const TG* __restrict__ g = static_cast<const TG*>(ch.g);
@@ -156,7 +160,16 @@ void adamw_multi_tensor(const AdamWChunk* host_chunks, int64_t num_chunks,
   if (num_chunks == 0) return;
   upload(host_chunks, num_chunks, device_chunks, stream);
   adamw_kernel<TP, TG>
-      <<<static_cast<unsigned>(num_chunks), kThreads, 0, stream>>>(device_chunks, c);
+      <<<static_cast<unsigned>(num_chunks), kThreads, 0, stream>>>(device_chunks, c, nullptr);
+  TD_CUDA_LAUNCH_CHECK();
+}
+
+template <typename TP, typename TG>
+void adamw_multi_tensor_device(const AdamWChunk* device_chunks, int64_t num_chunks,
+                               const AdamWCoeffs* device_coeffs, cudaStream_t stream) {
+  if (num_chunks == 0) return;
+  adamw_kernel<TP, TG><<<static_cast<unsigned>(num_chunks), kThreads, 0, stream>>>(
+      device_chunks, AdamWCoeffs{}, device_coeffs);
   TD_CUDA_LAUNCH_CHECK();
 }
 
@@ -182,6 +195,8 @@ void grad_norm_partials(const NormChunk* host_chunks, int64_t num_chunks, NormCh
 #define TD_OPTIM_INSTANTIATE(T)                                                                    \
   template void adamw_multi_tensor<T, T>(const AdamWChunk*, int64_t, AdamWChunk*,                  \
                                          const AdamWCoeffs&, cudaStream_t);                        \
+  template void adamw_multi_tensor_device<T, T>(const AdamWChunk*, int64_t, const AdamWCoeffs*,    \
+                                                cudaStream_t);                                     \
   template void sgd_multi_tensor<T, T>(const SGDChunk*, int64_t, SGDChunk*, const SGDCoeffs&,      \
                                        cudaStream_t);                                              \
   template void grad_norm_partials<T>(const NormChunk*, int64_t, NormChunk*, int, double, double*, \
@@ -191,6 +206,8 @@ TD_KERNELS_FOR_FLOATING(TD_OPTIM_INSTANTIATE)
 #define TD_OPTIM_INSTANTIATE_F32_GRAD(T)                                                          \
   template void adamw_multi_tensor<T, float>(const AdamWChunk*, int64_t, AdamWChunk*,             \
                                              const AdamWCoeffs&, cudaStream_t);                   \
+  template void adamw_multi_tensor_device<T, float>(const AdamWChunk*, int64_t,                   \
+                                                    const AdamWCoeffs*, cudaStream_t);            \
   template void sgd_multi_tensor<T, float>(const SGDChunk*, int64_t, SGDChunk*, const SGDCoeffs&, \
                                            cudaStream_t);
 TD_OPTIM_INSTANTIATE_F32_GRAD(__nv_bfloat16)

@@ -38,6 +38,13 @@ template <typename TP, typename TG>
 void adamw_multi_tensor(const AdamWChunk* host_chunks, int64_t num_chunks,
                         AdamWChunk* device_chunks, const AdamWCoeffs& c, cudaStream_t stream);
 
+// The same update with descriptors already in device memory and the coefficients read from
+// device memory (Note [Capturable AdamW] in src/ops/adamw.cpp): no host-to-device copy, so a
+// CUDA graph can capture it and replays use the coefficients of the replay's step.
+template <typename TP, typename TG>
+void adamw_multi_tensor_device(const AdamWChunk* device_chunks, int64_t num_chunks,
+                               const AdamWCoeffs* device_coeffs, cudaStream_t stream);
+
 // ---- SGD (torch.optim.SGD) ----
 //   d = g (+ weight_decay * p);  with momentum: buf = first ? d : momentum * buf +
 //   one_minus_dampening * d;  d = nesterov ? d + momentum * buf : buf;  p -= lr * d

@@ -26,6 +26,17 @@ void init_adamw(py::module_& m, TensorClass& cls) {
       },
       "params"_a, "grads"_a, "exp_avgs"_a, "exp_avg_sqs"_a, py::kw_only(), "lr"_a = 1e-3,
       "beta1"_a = 0.9, "beta2"_a = 0.999, "eps"_a = 1e-8, "weight_decay"_a = 0.01, "step"_a = 1);
+  m.def(
+      "adamw_step_capturable",
+      [](TensorList params, const TensorList& grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+         const Tensor& lr, Tensor step, double beta1, double beta2, double eps,
+         double weight_decay) {
+        py::gil_scoped_release unlocked;
+        adamw_step_capturable(params, grads, exp_avgs, exp_avg_sqs, lr, step, beta1, beta2, eps,
+                              weight_decay);
+      },
+      "params"_a, "grads"_a, "exp_avgs"_a, "exp_avg_sqs"_a, py::kw_only(), "lr"_a, "step"_a,
+      "beta1"_a = 0.9, "beta2"_a = 0.999, "eps"_a = 1e-8, "weight_decay"_a = 0.01);
 }
 
 }  // namespace td::python

@@ -6,6 +6,10 @@
 
 #include "ops/common.h"
 #include "ops/cpu/loops.h"
+#include "tardelli/autograd/grad_mode.h"
+#include "tardelli/ops/elementwise.h"
+#include "tardelli/ops/factory.h"
+#include "tardelli/ops/join.h"
 #if TD_WITH_CUDA
 #include "ops/cuda/adamw.h"
 #endif
@@ -105,6 +109,34 @@ void adamw_dispatch(const Tensor& p, const Tensor& g, const Tensor& m, const Ten
   });
 }
 
+// The CPU tensors `on_cpu` of the lists, in one parallel region.
+void adamw_cpu(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
+               const TensorList& exp_avg_sqs, const std::vector<size_t>& on_cpu, const Coeffs& c) {
+  // One flat list of fixed-size chunks over all tensors, split across threads in one region:
+  // small tensors (biases, norms) share a thread instead of each paying a fork/join.
+  struct Chunk {
+    size_t k;
+    int64_t b, e;
+  };
+  constexpr int64_t kChunk = 16384;
+  std::vector<Chunk> chunks;
+  int64_t total = 0;
+  for (size_t k : on_cpu) {
+    total += params[k].numel();
+    for (int64_t b = 0; b < params[k].numel(); b += kChunk) {
+      chunks.push_back({k, b, std::min(params[k].numel(), b + kChunk)});
+    }
+  }
+  int64_t grain = std::max<int64_t>(1, cpu::kGrain / kChunk);
+  if (total < cpu::kGrain) grain = static_cast<int64_t>(chunks.size());  // one thread
+  cpu::parallel_for(static_cast<int64_t>(chunks.size()), grain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const Chunk& ch = chunks[i];
+      adamw_dispatch(params[ch.k], grads[ch.k], exp_avgs[ch.k], exp_avg_sqs[ch.k], ch.b, ch.e, c);
+    }
+  });
+}
+
 #if TD_WITH_CUDA
 cuda_ops::AdamWScalars scalars(const Coeffs& c) {
   return {c.decay, c.one_minus_b1, c.b2, c.one_minus_b2, c.step_size, c.bc2_sqrt, c.eps};
@@ -157,29 +189,60 @@ void adamw_step(TensorList& params, const TensorList& grads, TensorList& exp_avg
 #else
   for (size_t k = 0; k < params.size(); ++k) on_cpu.push_back(k);
 #endif
-  // One flat list of fixed-size chunks over all tensors, split across threads in one region:
-  // small tensors (biases, norms) share a thread instead of each paying a fork/join.
-  struct Chunk {
-    size_t k;
-    int64_t b, e;
-  };
-  constexpr int64_t kChunk = 16384;
-  std::vector<Chunk> chunks;
-  int64_t total = 0;
-  for (size_t k : on_cpu) {
-    total += params[k].numel();
-    for (int64_t b = 0; b < params[k].numel(); b += kChunk) {
-      chunks.push_back({k, b, std::min(params[k].numel(), b + kChunk)});
-    }
+  adamw_cpu(params, grads, exp_avgs, exp_avg_sqs, on_cpu, c);
+}
+
+// Note [Capturable AdamW]: a captured optimizer step (Note [CUDA graphs]) replays its kernels
+// with the arguments they were captured with, so a step count and learning rate passed by
+// value would stay those of the capture. Here both live in 0-dim float32 tensors on the
+// parameters' device: the step is incremented there and the seven coefficients of the update
+// (make_coeffs's) are formed from it with tensor ops into a device tensor that the kernel reads.
+// Those ops run in float32 where make_coeffs works in double and rounds once, so the two paths
+// can differ in the last bit of a coefficient (relative 1e-7). On the CPU the same
+// coefficients are read back and the CPU loop runs.
+void adamw_step_capturable(TensorList& params, const TensorList& grads, TensorList& exp_avgs,
+                           TensorList& exp_avg_sqs, const Tensor& lr, Tensor& step, double beta1,
+                           double beta2, double eps, double weight_decay) {
+  const char* op = "adamw_step_capturable";
+  TD_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+               exp_avg_sqs.size() == params.size(),
+           op, ": list lengths differ: ", params.size(), " params, ", grads.size(), " grads, ",
+           exp_avgs.size(), " exp_avgs, ", exp_avg_sqs.size(), " exp_avg_sqs");
+  TD_CHECK(!params.empty(), op, ": no parameters");
+  for (size_t k = 0; k < params.size(); ++k) {
+    check_group(params[k], grads[k], exp_avgs[k], exp_avg_sqs[k],
+                " (tensor " + std::to_string(k) + ")");
+    ops::check_same_device(params[0], params[k], op);
   }
-  int64_t grain = std::max<int64_t>(1, cpu::kGrain / kChunk);
-  if (total < cpu::kGrain) grain = static_cast<int64_t>(chunks.size());  // one thread
-  cpu::parallel_for(static_cast<int64_t>(chunks.size()), grain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const Chunk& ch = chunks[i];
-      adamw_dispatch(params[ch.k], grads[ch.k], exp_avgs[ch.k], exp_avg_sqs[ch.k], ch.b, ch.e, c);
-    }
-  });
+  for (const Tensor* t : {&lr, static_cast<const Tensor*>(&step)}) {
+    TD_CHECK(t->defined() && t->dim() == 0 && t->dtype() == DType::Float32, op,
+             ": lr and step must be 0-dim float32 tensors, got ",
+             t->defined() ? describe(*t) : std::string("an undefined tensor"));
+    ops::check_same_device(params[0], *t, op);
+  }
+  make_coeffs({0.0, beta1, beta2, eps, weight_decay, 1});  // checks the constants' ranges
+  autograd::NoGradGuard ng;
+  const Device dev = params[0].device();
+  auto constant = [&](double v) { return full({1}, v, {DType::Float32, dev}); };
+  add_(step, full({}, 1.0, {DType::Float32, dev}));
+  const Tensor t = step.reshape({1});
+  const Tensor bc1 = rsub(exp(mul(t, std::log(beta1))), 1.0);  // 1 - beta1^t
+  const Tensor bc2 = rsub(exp(mul(t, std::log(beta2))), 1.0);
+  const Tensor l = lr.reshape({1});
+  const Tensor coeffs =
+      cat({rsub(mul(l, weight_decay), 1.0), constant(1.0 - beta1), constant(beta2),
+           constant(1.0 - beta2), div(l, bc1), sqrt(bc2), constant(eps)},
+          0);
+#if TD_WITH_CUDA
+  if (dev.is_cuda()) {
+    return cuda_ops::adamw_step_device_coeffs(params, grads, exp_avgs, exp_avg_sqs, coeffs);
+  }
+#endif
+  const std::vector<float> h = to_vector<float>(coeffs);
+  const Coeffs c{h[0], h[1], h[2], h[3], h[4], h[5], h[6]};
+  std::vector<size_t> all(params.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  adamw_cpu(params, grads, exp_avgs, exp_avg_sqs, all, c);
 }
 
 }  // namespace td

@@ -132,3 +132,48 @@ TEST(AdamW, BadInputErrors) {
   EXPECT_THROW(adamw_step(ps, gs2, ms, vs, cfg), Error);
   for (float x : to_vector<float>(p)) EXPECT_EQ(x, 0.0f);
 }
+
+// Note [Capturable AdamW]: the step count and learning rate as 0-dim tensors give the update of
+// adamw_step with the same (step, lr), up to the float32 formation of the coefficients: each
+// coefficient is within an ulp or two of make_coeffs's (relative ~2e-7), and over five steps the
+// parameters stay within 1e-6 relative of the host-coefficient path. The step tensor counts the
+// calls; bad lr / step tensors are errors.
+TEST(AdamW, CapturableMatchesHostCoefficients) {
+  TensorList ps = {randn_seeded({5000}, 40), randn_seeded({6, 4}, 41),
+                   randn_seeded({64}, 42).to(DType::BFloat16)};
+  TensorList ms, vs, ps2, ms2, vs2;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ms.push_back(zeros(ps[k].sizes()));
+    vs.push_back(zeros(ps[k].sizes()));
+    ps2.push_back(ps[k].clone());
+    ms2.push_back(ms[k].clone());
+    vs2.push_back(vs[k].clone());
+  }
+  Tensor step = zeros({}), lr = zeros({});
+  for (int64_t t = 1; t <= 5; ++t) {
+    TensorList gs;
+    for (size_t k = 0; k < ps.size(); ++k)
+      gs.push_back(randn_seeded(ps[k].sizes(), 50 + t * 7 + k));
+    const double rate = t < 3 ? 3e-3 : 1e-3;  // a schedule: the tensor carries it
+    lr.fill_(rate);
+    adamw_step_capturable(ps, gs, ms, vs, lr, step, 0.9, 0.95, 1e-8, 0.1);
+    adamw_step(ps2, gs, ms2, vs2, AdamWConfig{rate, 0.9, 0.95, 1e-8, 0.1, t});
+    EXPECT_EQ(step.item_double(), static_cast<double>(t));
+  }
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const std::vector<double> a = doubles(ps[k]), b = doubles(ps2[k]);
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), 1e-3));
+    }
+    // bf16 parameters round each update to 8 bits: one bf16 ulp (2^-8) when the tiny
+    // coefficient difference crosses a rounding boundary.
+    EXPECT_LE(worst, ps[k].dtype() == DType::BFloat16 ? 1.0 / 256 : 1e-6) << k;
+  }
+  TensorList p1 = {zeros({3})}, g1 = {zeros({3})}, m1 = {zeros({3})}, v1 = {zeros({3})};
+  Tensor step_i = zeros({}, {DType::Int64});
+  EXPECT_THROW(adamw_step_capturable(p1, g1, m1, v1, lr, step_i, 0.9, 0.95, 1e-8, 0.1), Error);
+  Tensor lr1 = zeros({1});
+  EXPECT_THROW(adamw_step_capturable(p1, g1, m1, v1, lr1, step, 0.9, 0.95, 1e-8, 0.1), Error);
+  EXPECT_THROW(adamw_step_capturable(p1, g1, m1, v1, lr, step, 1.5, 0.95, 1e-8, 0.1), Error);
+}

@@ -454,3 +454,39 @@ def test_grad_scaler_fp16_forward_with_fp32_master_weights():
     np.testing.assert_allclose(w.grad.numpy(), 1e-6 * x.numpy(), rtol=1e-3, atol=1e-10)
     scaler.step(opt)
     scaler.update()
+
+
+def _adamw_run(capturable, steps=6):
+    rng = np.random.default_rng(3)
+    ws = [td.tensor(rng.standard_normal((7, 5)).astype(np.float32)),
+          td.tensor(rng.standard_normal(5).astype(np.float32))]
+    for w in ws:
+        w.requires_grad_(True)
+    opt = td.optim.AdamW(ws, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                         capturable=capturable)
+    for i in range(steps):
+        loss = ((ws[0] * ws[0]).sum() + (ws[1] * 3).sum()) * (i + 1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i == 2:
+            opt.param_groups[0]["lr"] = 1e-3  # a schedule's change reaches the lr tensor
+    return [as_np(w.detach()) for w in ws], opt
+
+
+def test_adamw_capturable_matches_and_saves():
+    """capturable=True (Note [Capturable AdamW]) keeps the step count and the learning rate in
+    tensors the kernel reads; its coefficients are formed in float32 instead of double, so the
+    parameters agree with the default path to 1e-6 relative over six steps (a changed lr
+    included); the step is a tensor that counts the steps, and state_dict() holds no device
+    tensors in its groups (the lr tensors live beside them)."""
+    a, _ = _adamw_run(False)
+    b, opt = _adamw_run(True)
+    for x, y in zip(a, b):
+        assert np.abs(x - y).max() <= 1e-6 * np.abs(x).max()
+    p0 = opt.param_groups[0]["params"][0]
+    assert float(opt.state[p0]["step"].item()) == 6.0
+    sd = opt.state_dict()
+    assert all(not isinstance(v, td.Tensor) for g in sd["param_groups"] for k, v in g.items()
+               if k != "params")
+    assert sd["param_groups"][0]["capturable"] is True

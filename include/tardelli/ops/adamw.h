@@ -22,5 +22,13 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
 // Multi-tensor form: one parallel region over all tensors (fewer launches, better balance).
 void adamw_step(TensorList& params, const TensorList& grads, TensorList& exp_avgs,
                 TensorList& exp_avg_sqs, const AdamWConfig& cfg);
+// The multi-tensor step for CUDA graphs (Note [Capturable AdamW] in src/ops/adamw.cpp): `lr`
+// and `step` are 0-dim float32 tensors on the parameters' device (all parameters on one
+// device); `step` is incremented by one, then the update uses it. Reads nothing back on a GPU;
+// the first call for a given set of tensors waits for the device once (run it eagerly before
+// capturing).
+void adamw_step_capturable(TensorList& params, const TensorList& grads, TensorList& exp_avgs,
+                           TensorList& exp_avg_sqs, const Tensor& lr, Tensor& step, double beta1,
+                           double beta2, double eps, double weight_decay);
 
 }  // namespace td

@@ -17,6 +17,13 @@ class AdamW(Optimizer):
     State per parameter: 'step' (float32 0-d tensor), 'exp_avg', 'exp_avg_sq'.
     Note [fp32 optimizer state]: the moments are always float32 whatever the parameter dtype
     (the fused kernel computes in fp32 and rounds the parameter once).
+
+    capturable=True (as torch's): 'step' lives on the parameters' device and the learning rate
+    in a device tensor, both read by the kernel, so step() can be captured in a CUDA graph and
+    replayed (Note [Capturable AdamW]; td.cuda.graph). Each group's parameters must be on one
+    device and share one step count. A replay uses the learning-rate tensor's value: after changing group["lr"] outside a
+    captured step (a scheduler), call sync_lr() before the next replay. The first step() of a
+    set of tensors waits for the device once: run it eagerly before capturing.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
@@ -32,13 +39,65 @@ class AdamW(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if amsgrad or maximize or capturable or differentiable:
+        if amsgrad or maximize or differentiable:
             raise TardelliNotImplementedError(
-                "AdamW: amsgrad, maximize, capturable and differentiable are not supported")
+                "AdamW: amsgrad, maximize and differentiable are not supported")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        amsgrad=False, maximize=False, foreach=foreach, capturable=False,
-                        differentiable=False, fused=fused)
+                        amsgrad=False, maximize=False, foreach=foreach,
+                        capturable=bool(capturable), differentiable=False, fused=fused)
         super().__init__(params, defaults)
+
+    def _lr_slot(self, group, device):
+        """[device lr tensor, the group["lr"] it holds] of a capturable group (kept beside the
+        param groups, which state_dict() saves)."""
+        slots = self.__dict__.setdefault("_lr_slots", {})
+        if id(group) not in slots:
+            slots[id(group)] = [_C.zeros([], _f32, device, False), None]
+        return slots[id(group)]
+
+    def sync_lr(self):
+        """Copies each capturable group's group["lr"] into its device learning-rate tensor (what
+        a captured step reads); step() does it too, outside a capture."""
+        for group in self.param_groups:
+            slot = self.__dict__.get("_lr_slots", {}).get(id(group))
+            if slot is not None and slot[1] != group["lr"]:
+                slot[0].fill_(float(group["lr"]))
+                slot[1] = group["lr"]
+
+    def _update_group_capturable(self, group):
+        beta1, beta2 = group["betas"]
+        ps, gs, ms, vs, steps = [], [], [], [], []  # steps: each parameter's step tensor
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if not p.is_contiguous():
+                raise ValueError(f"AdamW: parameter of shape {list(p.shape)} is not contiguous; "
+                                 "the fused update needs contiguous parameters")
+            st = self.state[p]
+            if not st:
+                st["step"] = _C.zeros([], _f32, p.device, False)
+                st["exp_avg"] = _C.zeros(list(p.shape), _f32, p.device, False)
+                st["exp_avg_sq"] = _C.zeros(list(p.shape), _f32, p.device, False)
+            elif str(st["step"].device) != str(p.device):  # loaded state: steps to the device
+                st["step"] = st["step"]._to_device(p.device).to(_f32)
+            ps.append(p)
+            gs.append(p.grad.contiguous())
+            ms.append(st["exp_avg"])
+            vs.append(st["exp_avg_sq"])
+            steps.append(st["step"])
+        if not ps:
+            return
+        lr = self._lr_slot(group, ps[0].device)[0]
+        self.sync_lr()
+        # The group's parameters take their steps together (the fused kernel reads one step
+        # count): they share the first one's step tensor, which the kernel call advances.
+        for p in ps[1:]:
+            if self.state[p]["step"] is not steps[0]:
+                self.state[p]["step"] = steps[0]
+        ops.adamw_step_capturable(ps, gs, ms, vs, lr=lr, step=steps[0],
+                                  beta1=float(beta1), beta2=float(beta2),
+                                  eps=float(group["eps"]),
+                                  weight_decay=float(group["weight_decay"]))
 
     def _cast_state(self, param, key, value):
         if key in ("exp_avg", "exp_avg_sq"):
@@ -46,6 +105,8 @@ class AdamW(Optimizer):
         return super()._cast_state(param, key, value)
 
     def _update_group(self, group):
+        if group.get("capturable"):
+            return self._update_group_capturable(group)
         beta1, beta2 = group["betas"]
         # Parameters are batched by step count (they differ only when some parameter had no
         # gradient on some step), one multi-tensor kernel call per batch.

@@ -5,7 +5,10 @@
 #include "ops/cuda/adamw.h"
 
 #include <algorithm>
+#include <mutex>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "ops/cuda/launch.h"
 #include "optim/adamw.cuh"
@@ -60,7 +63,93 @@ void dispatch_pg(DType p, DType g, const char* op, F&& f) {
   });
 }
 
+// The chunk descriptors of one group (Note [Multi-tensor launches]).
+std::vector<kernels::AdamWChunk> adamw_chunks(const Group& gr, const TensorList& params,
+                                              const TensorList& grads, const TensorList& exp_avgs,
+                                              const TensorList& exp_avg_sqs) {
+  std::vector<kernels::AdamWChunk> chunks;
+  for (size_t k : gr.items) {
+    const Tensor &p = params[k], &g = grads[k];
+    const int64_t n = p.numel();
+    char* pp = static_cast<char*>(p.data_ptr());
+    const char* gp = static_cast<const char*>(g.data_ptr());
+    float* m = exp_avgs[k].data_ptr<float>();
+    float* v = exp_avg_sqs[k].data_ptr<float>();
+    for (int64_t b = 0; b < n; b += kernels::kOptimChunk) {
+      chunks.push_back({pp + b * p.element_size(), gp + b * g.element_size(), m + b, v + b,
+                        std::min(kernels::kOptimChunk, n - b)});
+    }
+  }
+  return chunks;
+}
+
+// Note [Capturable AdamW]: device copies of descriptor lists, by their contents (the tensors'
+// addresses), built on first use with a copy that waits for the device (so the first step of a
+// given set of tensors must run eagerly, before a capture) and reused after, with no copy. A
+// few lists are kept (an optimizer has a handful of groups); the oldest goes first.
+class DescriptorCache {
+ public:
+  const kernels::AdamWChunk* get(const std::vector<kernels::AdamWChunk>& host, const Tensor& ref) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Key key = key_of(host, ref.device().index);
+    for (auto& [k, t] : entries_) {
+      if (k == key) return static_cast<const kernels::AdamWChunk*>(t.data_ptr());
+    }
+    Tensor dev = descriptor_memory<kernels::AdamWChunk>(ref, host.size());
+    copy_bytes(dev.data_ptr(), ref.device(), host.data(), kCPU,
+               host.size() * sizeof(kernels::AdamWChunk));
+    if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
+    entries_.emplace_back(key, dev);
+    return static_cast<const kernels::AdamWChunk*>(dev.data_ptr());
+  }
+
+ private:
+  using Key = std::vector<uintptr_t>;
+  static Key key_of(const std::vector<kernels::AdamWChunk>& host, int device) {
+    Key k{static_cast<uintptr_t>(device)};
+    for (const auto& c : host) {
+      k.insert(k.end(), {reinterpret_cast<uintptr_t>(c.p), reinterpret_cast<uintptr_t>(c.g),
+                         reinterpret_cast<uintptr_t>(c.m), reinterpret_cast<uintptr_t>(c.v),
+                         static_cast<uintptr_t>(c.n)});
+    }
+    return k;
+  }
+  static constexpr size_t kMaxEntries = 64;  // a captured step needs its lists to stay
+  std::mutex mu_;
+  std::vector<std::pair<Key, Tensor>> entries_;
+};
+
+DescriptorCache& descriptor_cache() {
+  static auto* c = new DescriptorCache();  // never destroyed: tensors outlive static teardown
+  return *c;
+}
+
 }  // namespace
+
+void adamw_step_device_coeffs(const TensorList& params, const TensorList& grads,
+                              const TensorList& exp_avgs, const TensorList& exp_avg_sqs,
+                              const Tensor& coeffs) {
+  const char* op = "adamw_step_capturable";
+  for (size_t k = 0; k < params.size(); ++k) {
+    check_same_cuda_device(op, params[k], {&grads[k], &exp_avgs[k], &exp_avg_sqs[k], &coeffs});
+  }
+  static_assert(sizeof(kernels::AdamWCoeffs) == 7 * sizeof(float));
+  TD_CHECK(coeffs.numel() == 7 && coeffs.dtype() == DType::Float32 && coeffs.is_contiguous(), op,
+           ": expected 7 contiguous float32 coefficients, got ", describe(coeffs));
+  const auto* dc = static_cast<const kernels::AdamWCoeffs*>(coeffs.data_ptr());
+  for (const Group& gr : group_by(params, grads)) {
+    const std::vector<kernels::AdamWChunk> chunks =
+        adamw_chunks(gr, params, grads, exp_avgs, exp_avg_sqs);
+    if (chunks.empty()) continue;
+    const Tensor& ref = params[gr.items.front()];
+    OnDevice on(ref);
+    const kernels::AdamWChunk* dev = descriptor_cache().get(chunks, ref);
+    dispatch_pg(gr.p, gr.g, op, [&]<typename TP, typename TG>() {
+      kernels::adamw_multi_tensor_device<TP, TG>(dev, static_cast<int64_t>(chunks.size()), dc,
+                                                 stream_of(ref));
+    });
+  }
+}
 
 void adamw_step(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                 const TensorList& exp_avg_sqs, const AdamWScalars& c) {
@@ -71,19 +160,8 @@ void adamw_step(const TensorList& params, const TensorList& grads, const TensorL
   const kernels::AdamWCoeffs kc{c.decay,     c.one_minus_b1, c.b2, c.one_minus_b2,
                                 c.step_size, c.bc2_sqrt,     c.eps};
   for (const Group& gr : group_by(params, grads)) {
-    std::vector<kernels::AdamWChunk> chunks;
-    for (size_t k : gr.items) {
-      const Tensor &p = params[k], &g = grads[k];
-      const int64_t n = p.numel();
-      char* pp = static_cast<char*>(p.data_ptr());
-      const char* gp = static_cast<const char*>(g.data_ptr());
-      float* m = exp_avgs[k].data_ptr<float>();
-      float* v = exp_avg_sqs[k].data_ptr<float>();
-      for (int64_t b = 0; b < n; b += kernels::kOptimChunk) {
-        chunks.push_back({pp + b * p.element_size(), gp + b * g.element_size(), m + b, v + b,
-                          std::min(kernels::kOptimChunk, n - b)});
-      }
-    }
+    const std::vector<kernels::AdamWChunk> chunks =
+        adamw_chunks(gr, params, grads, exp_avgs, exp_avg_sqs);
     if (chunks.empty()) continue;
     const Tensor& ref = params[gr.items.front()];
     OnDevice on(ref);

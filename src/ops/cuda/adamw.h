@@ -16,6 +16,11 @@ struct AdamWScalars {
 // grad dtype) present in the lists.
 void adamw_step(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                 const TensorList& exp_avg_sqs, const AdamWScalars& c);
+// The same with the 7 coefficients (AdamWScalars' order) in a float32 device tensor, and no
+// host-to-device copy after the first call for a given set of tensors (Note [Capturable AdamW]).
+void adamw_step_device_coeffs(const TensorList& params, const TensorList& grads,
+                              const TensorList& exp_avgs, const TensorList& exp_avg_sqs,
+                              const Tensor& coeffs);
 
 struct SGDScalars {
   float lr, weight_decay, momentum, one_minus_dampening;

@@ -1,7 +1,8 @@
 // td::CudaGraph (include/tardelli/core/cuda_graph.h, Note [CUDA graphs]) on a GPU; skips without
 // one.
 //
-// Properties: a captured sequence of ops (linear, GELU, layer norm, an autograd backward)
+// Properties: a captured sequence of ops (linear, GELU, layer norm, an autograd backward, a
+// whole training step with the capturable AdamW)
 // replayed after new data is copied into its static input gives exactly the eager result on that
 // data (the same kernels with the same algorithms: bitwise); memory allocated after the capture
 // never aliases the graph's (Note [Graph memory pools]: replays leave such tensors untouched);
@@ -79,6 +80,51 @@ TEST(CudaGraphCuda, CapturedBackwardAndNoAliasingAfterCapture) {
     EXPECT_TRUE(same_bytes(dw.to(kCPU), want.to(kCPU))) << "seed " << seed;
   }
   EXPECT_EQ(max(abs(sub(guard, 7.0))).item_double(), 0.0);
+}
+
+// A whole training step (gradients zeroed in place, forward, backward, the capturable AdamW
+// of Note [Capturable AdamW]) captured after one eager step and replayed equals the same steps
+// run eagerly from the same start, bitwise: the step count and learning rate come from device
+// tensors, so each replay is the next step (and a learning-rate change between replays counts).
+TEST(CudaGraphCuda, WholeTrainingStepWithCapturableAdamW) {
+  TD_REQUIRE_CUDA();
+  struct Trainer {
+    Net net;
+    Tensor x = randn_seeded({128, 64}, 40).to(gpu());
+    Tensor m = zeros({96, 64}, {DType::Float32, gpu()}),
+           v = zeros({96, 64}, {DType::Float32, gpu()});
+    Tensor lr = full({}, 1e-2, {DType::Float32, gpu()}), step = zeros({}, {DType::Float32, gpu()});
+    Trainer() {
+      Tensor w = net.w.detach().clone();
+      w.set_requires_grad(true);
+      net.w = w;
+    }
+    void run() {
+      Tensor g = net.w.grad();
+      if (g.defined()) g.fill_(0.0);
+      autograd::backward({sum(mul(net(x), net(x)))}, {}, false, false);
+      TensorList ps = {net.w}, gs = {net.w.grad()}, ms = {m}, vs = {v};
+      adamw_step_capturable(ps, gs, ms, vs, lr, step, 0.9, 0.95, 1e-8, 0.1);
+    }
+  };
+  Trainer eager, graphed;
+  eager.run();
+  graphed.run();  // warm-up: gradients, descriptor cache, plans
+  CudaGraph g;
+  g.capture_begin();
+  graphed.run();
+  g.capture_end();
+  // The capture recorded the step without running it: graphed is one step behind.
+  for (int k = 0; k < 4; ++k) {
+    if (k == 2) {
+      eager.lr.fill_(3e-3);
+      graphed.lr.fill_(3e-3);
+    }
+    eager.run();
+    g.replay();
+    EXPECT_TRUE(same_bytes(graphed.net.w.to(kCPU), eager.net.w.to(kCPU))) << "step " << k + 2;
+  }
+  EXPECT_EQ(graphed.step.item_double(), eager.step.item_double());
 }
 
 TEST(CudaGraphCuda, HostWaitInCaptureFailsAndStreamIsRestored) {
