@@ -64,37 +64,45 @@ class AdamW(Optimizer):
                 slot[0].fill_(float(group["lr"]))
                 slot[1] = group["lr"]
 
+    def _state_of(self, p, step_on_device):
+        """The state of parameter p (which must be contiguous), created at its first step with
+        the step count on p's device (capturable) or on the host."""
+        if not p.is_contiguous():
+            raise ValueError(f"AdamW: parameter of shape {list(p.shape)} is not contiguous; "
+                             "the fused update needs contiguous parameters")
+        st = self.state[p]
+        if not st:
+            st["step"] = _C.zeros([], _f32, p.device, False) if step_on_device \
+                else _step_tensor(0)
+            st["exp_avg"] = _C.zeros(list(p.shape), _f32, p.device, False)
+            st["exp_avg_sq"] = _C.zeros(list(p.shape), _f32, p.device, False)
+        return st
+
     def _update_group_capturable(self, group):
         beta1, beta2 = group["betas"]
-        ps, gs, ms, vs, steps = [], [], [], [], []  # steps: each parameter's step tensor
+        ps, gs, ms, vs = [], [], [], []
+        step = None  # the group's step tensor (see below)
         for p in group["params"]:
             if p.grad is None:
                 continue
-            if not p.is_contiguous():
-                raise ValueError(f"AdamW: parameter of shape {list(p.shape)} is not contiguous; "
-                                 "the fused update needs contiguous parameters")
-            st = self.state[p]
-            if not st:
-                st["step"] = _C.zeros([], _f32, p.device, False)
-                st["exp_avg"] = _C.zeros(list(p.shape), _f32, p.device, False)
-                st["exp_avg_sq"] = _C.zeros(list(p.shape), _f32, p.device, False)
-            elif str(st["step"].device) != str(p.device):  # loaded state: steps to the device
+            st = self._state_of(p, step_on_device=True)
+            if str(st["step"].device) != str(p.device):  # loaded state: steps to the device
                 st["step"] = st["step"]._to_device(p.device).to(_f32)
+            # The group's parameters take their steps together (the fused kernel reads one
+            # step count): they share the first one's step tensor, which the kernel advances.
+            if step is None:
+                step = st["step"]
+            elif st["step"] is not step:
+                st["step"] = step
             ps.append(p)
             gs.append(p.grad.contiguous())
             ms.append(st["exp_avg"])
             vs.append(st["exp_avg_sq"])
-            steps.append(st["step"])
         if not ps:
             return
         lr = self._lr_slot(group, ps[0].device)[0]
         self.sync_lr()
-        # The group's parameters take their steps together (the fused kernel reads one step
-        # count): they share the first one's step tensor, which the kernel call advances.
-        for p in ps[1:]:
-            if self.state[p]["step"] is not steps[0]:
-                self.state[p]["step"] = steps[0]
-        ops.adamw_step_capturable(ps, gs, ms, vs, lr=lr, step=steps[0],
+        ops.adamw_step_capturable(ps, gs, ms, vs, lr=lr, step=step,
                                   beta1=float(beta1), beta2=float(beta2),
                                   eps=float(group["eps"]),
                                   weight_decay=float(group["weight_decay"]))
@@ -114,14 +122,7 @@ class AdamW(Optimizer):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            if not p.is_contiguous():
-                raise ValueError(f"AdamW: parameter of shape {list(p.shape)} is not contiguous; "
-                                 "the fused update needs contiguous parameters")
-            st = self.state[p]
-            if not st:
-                st["step"] = _step_tensor(0)
-                st["exp_avg"] = _C.zeros(list(p.shape), _f32, p.device, False)
-                st["exp_avg_sq"] = _C.zeros(list(p.shape), _f32, p.device, False)
+            st = self._state_of(p, step_on_device=False)
             step = _scalar_step(st["step"]) + 1
             st["step"] = _step_tensor(step)
             b = batches.setdefault(step, ([], [], [], []))
