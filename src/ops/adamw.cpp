@@ -80,6 +80,19 @@ void check_group(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor
            shape_str(v.strides()), ")");
 }
 
+// Equal list lengths and every (param, grad, exp_avg, exp_avg_sq) as check_group wants.
+void check_lists(const char* op, const TensorList& params, const TensorList& grads,
+                 const TensorList& exp_avgs, const TensorList& exp_avg_sqs) {
+  TD_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+               exp_avg_sqs.size() == params.size(),
+           op, ": list lengths differ: ", params.size(), " params, ", grads.size(), " grads, ",
+           exp_avgs.size(), " exp_avgs, ", exp_avg_sqs.size(), " exp_avg_sqs");
+  for (size_t k = 0; k < params.size(); ++k) {
+    check_group(params[k], grads[k], exp_avgs[k], exp_avg_sqs[k],
+                " (tensor " + std::to_string(k) + ")");
+  }
+}
+
 // Elements [b, e) of one parameter.
 template <typename TP, typename TG>
 void adamw_range(TP* __restrict__ p, const TG* __restrict__ g, float* __restrict__ m,
@@ -161,14 +174,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
 
 void adamw_step(TensorList& params, const TensorList& grads, TensorList& exp_avgs,
                 TensorList& exp_avg_sqs, const AdamWConfig& cfg) {
-  TD_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
-               exp_avg_sqs.size() == params.size(),
-           "adamw_step: list lengths differ: ", params.size(), " params, ", grads.size(),
-           " grads, ", exp_avgs.size(), " exp_avgs, ", exp_avg_sqs.size(), " exp_avg_sqs");
-  for (size_t k = 0; k < params.size(); ++k) {
-    check_group(params[k], grads[k], exp_avgs[k], exp_avg_sqs[k],
-                " (tensor " + std::to_string(k) + ")");
-  }
+  check_lists("adamw_step", params, grads, exp_avgs, exp_avg_sqs);
   Coeffs c = make_coeffs(cfg);
   // CUDA tensors go to the multi-tensor kernel (one launch per device and dtype pair), the
   // rest stay here.
@@ -204,16 +210,9 @@ void adamw_step_capturable(TensorList& params, const TensorList& grads, TensorLi
                            TensorList& exp_avg_sqs, const Tensor& lr, Tensor& step, double beta1,
                            double beta2, double eps, double weight_decay) {
   const char* op = "adamw_step_capturable";
-  TD_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
-               exp_avg_sqs.size() == params.size(),
-           op, ": list lengths differ: ", params.size(), " params, ", grads.size(), " grads, ",
-           exp_avgs.size(), " exp_avgs, ", exp_avg_sqs.size(), " exp_avg_sqs");
+  check_lists(op, params, grads, exp_avgs, exp_avg_sqs);
   TD_CHECK(!params.empty(), op, ": no parameters");
-  for (size_t k = 0; k < params.size(); ++k) {
-    check_group(params[k], grads[k], exp_avgs[k], exp_avg_sqs[k],
-                " (tensor " + std::to_string(k) + ")");
-    ops::check_same_device(params[0], params[k], op);
-  }
+  for (const Tensor& p : params) ops::check_same_device(params[0], p, op);
   for (const Tensor* t : {&lr, static_cast<const Tensor*>(&step)}) {
     TD_CHECK(t->defined() && t->dim() == 0 && t->dtype() == DType::Float32, op,
              ": lr and step must be 0-dim float32 tensors, got ",
