@@ -1,6 +1,7 @@
 """Running `python -m ...` (through the launcher for several ranks) from the multi-rank CLI tests
 (test_gpt_tensor_parallel.py, test_pipeline_parallel.py, test_train_distributed.py,
-test_train_zero.py, test_train_moe.py, test_train_recompute.py)."""
+test_train_zero.py, test_train_moe.py, test_train_recompute.py, test_train_host_staged.py,
+test_train_tag_matched.py)."""
 import json
 import os
 import subprocess
@@ -22,6 +23,20 @@ def run(nproc, module, *args, check=True, timeout=120):
     if check:
         assert p.returncode == 0, f"{args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
     return p
+
+
+def train_losses(metrics_file, nproc, args, env, comm_backend):
+    """The per-step losses `python -m tardelli.train args` on `nproc` ranks (environment `env`)
+    writes to `metrics_file`, after asserting that it exited cleanly and that its train_end line
+    names `comm_backend` (which communicator the ranks used)."""
+    p = subprocess.run([sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc),
+                        "--timeout", "60", "-m", "tardelli.train", *args,
+                        "--metrics-file", str(metrics_file)], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    end = [json.loads(line) for line in p.stdout.splitlines() if '"train_end"' in line]
+    assert end and end[0]["comm_backend"] == comm_backend, end
+    return [json.loads(line)["loss"] for line in open(metrics_file)]
 
 
 def kill_at_async_save(argv, env, step_dir="step_00000002"):

@@ -4,15 +4,11 @@ take when several share a device. Here CPU ranks stage their tensors the same wa
 (TD_TEST_STAGE_HOST_TENSORS=1), so the staging under every collective the layouts use (DDP
 buckets, ZeRO-1 and ZeRO-3, tensor/sequence-parallel layers, pipeline send/recv) is exercised
 without a GPU; benchmarks/gpu/layout_parity.py runs the same layouts on CUDA tensors."""
-import json
-import subprocess
-import sys
-
 import pytest
 
 import tardelli as td
 
-from cli_runner import ENV, ROOT
+from cli_runner import ENV, train_losses
 
 pytestmark = pytest.mark.skipif(not td.distributed.mpi_available(),
                                 reason="built without MPI (TD_WITH_MPI=OFF)")
@@ -24,16 +20,9 @@ BASE = ["--synthetic-data", "--vocab-size", "128", "--layers", "4", "--d-model",
 
 
 def losses(tmp_path, name, nproc, flags, staged):
-    m = tmp_path / f"{name}_{int(staged)}.jsonl"
     env = dict(ENV, TD_TEST_STAGE_HOST_TENSORS="1" if staged else "0")
-    p = subprocess.run([sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc),
-                        "--timeout", "60", "-m", "tardelli.train", *BASE, *flags,
-                        "--metrics-file", str(m)], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    end = [json.loads(line) for line in p.stdout.splitlines() if '"train_end"' in line]
-    assert end and end[0]["comm_backend"] == ("mpi-staged" if staged else "mpi"), end
-    return [json.loads(line)["loss"] for line in open(m)]
+    return train_losses(tmp_path / f"{name}_{int(staged)}.jsonl", nproc, [*BASE, *flags], env,
+                        "mpi-staged" if staged else "mpi")
 
 
 @pytest.mark.parametrize("name, nproc, flags", [

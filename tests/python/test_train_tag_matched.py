@@ -3,15 +3,11 @@ untagged, ordered transport (Note [Tag matching] in include/tardelli/distributed
 the matching that NCCL communicators use (Note [NCCL point-to-point]), here through its MPI
 stand-in (TD_TEST_TAG_MATCHED_P2P=1), so the pipeline schedules' and the context-parallel ring's
 traffic goes through it on CPU ranks."""
-import json
-import subprocess
-import sys
-
 import pytest
 
 import tardelli as td
 
-from cli_runner import ENV, ROOT
+from cli_runner import ENV, train_losses
 
 pytestmark = pytest.mark.skipif(not td.distributed.mpi_available(),
                                 reason="built without MPI (TD_WITH_MPI=OFF)")
@@ -23,16 +19,9 @@ BASE = ["--synthetic-data", "--vocab-size", "128", "--layers", "4", "--d-model",
 
 
 def losses(tmp_path, name, nproc, flags, matched):
-    m = tmp_path / f"{name}_{int(matched)}.jsonl"
     env = dict(ENV, TD_TEST_TAG_MATCHED_P2P="1" if matched else "0")
-    p = subprocess.run([sys.executable, "-m", "tardelli.launch", "--nproc", str(nproc),
-                        "--timeout", "60", "-m", "tardelli.train", *BASE, *flags,
-                        "--metrics-file", str(m)], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    end = [json.loads(line) for line in p.stdout.splitlines() if '"train_end"' in line]
-    assert end and end[0]["comm_backend"] == ("mpi-tag-matched" if matched else "mpi"), end
-    return [json.loads(line)["loss"] for line in open(m)]
+    return train_losses(tmp_path / f"{name}_{int(matched)}.jsonl", nproc, [*BASE, *flags], env,
+                        "mpi-tag-matched" if matched else "mpi")
 
 
 @pytest.mark.parametrize("name, nproc, flags", [
