@@ -141,4 +141,26 @@ inline void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& 
   EXPECT_EQ(std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()), 0) << what;
 }
 
+// max |got - want| <= atol + rtol * max |want| over the values, read as float (norm-wise:
+// reduced-precision errors scale with the magnitude of the whole tensor, not of each element).
+// got may live on the GPU.
+inline void expect_close_normwise(const Tensor& got, const Tensor& want, double atol, double rtol,
+                                  const std::string& what) {
+  const std::vector<float> g = to_vector<float>(got.detach()), w = to_vector<float>(want.detach());
+  ASSERT_EQ(g.size(), w.size()) << what;
+  double mag = 0, err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    mag = std::max(mag, std::fabs(static_cast<double>(w[i])));
+    const double e = std::fabs(static_cast<double>(g[i]) - w[i]);
+    if (!(e <= err)) {  // NaN counts as worst
+      err = e;
+      worst = i;
+    }
+  }
+  if (g.empty()) return;
+  EXPECT_LE(err, atol + rtol * mag) << what << ": worst at " << worst << " got " << g[worst]
+                                    << " want " << w[worst] << " (max |want| " << mag << ")";
+}
+
 }  // namespace td::test

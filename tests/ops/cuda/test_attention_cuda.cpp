@@ -23,32 +23,6 @@ using namespace td::test;
 
 namespace {
 
-// Sets (or with nullptr unsets) an environment variable for a scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 Tensor gpu(const Tensor& t) {
   return t.to(cuda_device(0));
 }
@@ -56,26 +30,12 @@ Tensor host(const Tensor& t) {
   return t.detach().to(kCPU);
 }
 
-// max |got - want| <= atol + rtol * max |want| (norm-wise: reduced-precision errors scale with
-// the magnitude of the whole tensor, not of each element). got may live on the GPU.
+// Same sizes and dtype, then expect_close_normwise (cuda_test_util.h). got may live on the GPU.
 void expect_close(const Tensor& got, const Tensor& want, double atol, double rtol,
                   const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
   ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  const std::vector<float> g = to_vector<float>(host(got)), w = to_vector<float>(host(want));
-  double mag = 0, err = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    mag = std::max(mag, std::fabs(static_cast<double>(w[i])));
-    const double e = std::fabs(static_cast<double>(g[i]) - w[i]);
-    if (!(e <= err)) {  // NaN counts as worst
-      err = e;
-      worst = i;
-    }
-  }
-  if (g.empty()) return;
-  EXPECT_LE(err, atol + rtol * mag) << what << ": worst at " << worst << " got " << g[worst]
-                                    << " want " << w[worst] << " (max |want| " << mag << ")";
+  expect_close_normwise(got, want, atol, rtol, what);
 }
 
 struct Case {

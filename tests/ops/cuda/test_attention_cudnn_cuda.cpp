@@ -33,32 +33,6 @@ namespace {
     GTEST_SKIP() << "this build has no cuDNN frontend (attention runs the own kernels)"; \
   }
 
-// Sets (or with nullptr unsets) an environment variable for a scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 Tensor gpu(const Tensor& t) {
   return t.to(cuda_device(0));
 }
@@ -66,25 +40,11 @@ Tensor host(const Tensor& t) {
   return t.detach().to(kCPU);
 }
 
-// max |got - want| <= atol + rtol * max |want| (norm-wise, as test_attention_cuda.cpp).
+// Same sizes, then expect_close_normwise (cuda_test_util.h); dtypes may differ.
 void expect_close(const Tensor& got, const Tensor& want, double atol, double rtol,
                   const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const std::vector<float> g = to_vector<float>(host(got).to(DType::Float32));
-  const std::vector<float> w = to_vector<float>(host(want).to(DType::Float32));
-  double mag = 0, err = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    mag = std::max(mag, std::fabs(static_cast<double>(w[i])));
-    const double e = std::fabs(static_cast<double>(g[i]) - w[i]);
-    if (!(e <= err)) {
-      err = e;
-      worst = i;
-    }
-  }
-  if (g.empty()) return;
-  EXPECT_LE(err, atol + rtol * mag) << what << ": worst at " << worst << " got " << g[worst]
-                                    << " want " << w[worst] << " (max |want| " << mag << ")";
+  expect_close_normwise(got, want, atol, rtol, what);
 }
 
 struct Case {
